@@ -1,0 +1,1 @@
+"""Inference engines behind one adapter interface; never imports `gateway`."""

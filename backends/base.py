@@ -1,0 +1,148 @@
+"""The adapter interface every engine implements, and the plan/launch types it consumes and produces."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineName(StrEnum):
+    """The worker kinds voltgate can start."""
+
+    LLAMACPP = "llamacpp"
+    LMDEPLOY = "lmdeploy"
+
+
+class RequestKind(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LlamaCppOptions(_Frozen):
+    """llama.cpp engine settings a user may pin in the config; `None` lets the planner decide."""
+
+    n_threads: int | None = Field(default=None, ge=1, description="CPU threads (default: all cores)")
+    n_batch: int = Field(default=512, ge=16, description="tokens decoded per llama_decode call")
+    slots: int | None = Field(default=None, ge=1, le=256, description="parallel sequences (continuous batching)")
+    n_gpu_layers: int | None = Field(default=None, ge=-1, description="-1 = all; default from the plan")
+    flash_attn: bool = True
+    max_queue: int = Field(default=64, ge=0, description="requests waiting for a free slot before 429")
+
+
+class LMDeployOptions(_Frozen):
+    """TurboMind engine settings a user may pin in the config; `None` lets the planner decide."""
+
+    executable: str = Field(default="lmdeploy", description="lmdeploy CLI on PATH, or an absolute path")
+    max_batch_size: int | None = Field(default=None, ge=1)
+    cache_max_entry_count: float | None = Field(default=None, gt=0, le=1)
+    quant_policy: Literal[0, 4, 8] | None = None
+    max_prefill_token_num: int | None = Field(default=None, ge=256)
+    extra_args: tuple[str, ...] = ()
+
+
+ModelFormat = Literal["gguf", "hf", "awq", "gptq"]
+
+
+class DeploymentPlan(_Frozen):
+    """Everything needed to start one model's worker: the placement policy's output, an engine's input."""
+
+    model: str
+    engine: EngineName
+    source_path: Path
+    model_format: ModelFormat
+    quant: str | None = None
+    dtype: Literal["float16", "auto"] = "float16"
+    gpu_indices: tuple[int, ...] = ()
+    tp: int = 1
+    context_tokens: int = Field(
+        ge=16, description="tokens per session (llama.cpp n_ctx per slot, TurboMind session_len)"
+    )
+    slots: int = Field(default=1, ge=1, description="sequences served at once")
+    n_gpu_layers: int = 0
+    cache_max_entry_count: float | None = None
+    quant_policy: Literal[0, 4, 8] = 0
+    max_batch_size: int | None = None
+    llamacpp: LlamaCppOptions = LlamaCppOptions()
+    lmdeploy: LMDeployOptions = LMDeployOptions()
+
+
+class LaunchSpec(_Frozen):
+    """How to start a worker process and how to tell that it is ready."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = {}
+    health_path: str = "/health"
+    startup_timeout_s: float = 600.0
+    fatal_log_patterns: tuple[str, ...] = ()
+
+
+class UpstreamError(Exception):
+    """An error answered by a worker, normalised to OpenAI's fields."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+class EngineCapabilities(_Frozen):
+    """What an engine can honour, so unsupported parameters are refused before they reach it."""
+
+    kinds: frozenset[RequestKind]
+    json_mode: bool = True
+    logprobs: bool = False
+    tools: bool = False
+    max_n: int = 1
+
+
+class EngineAdapter(Protocol):
+    """One engine's differences from the others: how to launch it and how to speak to it.
+
+    Adapters are mostly pure so tests can assert on argv/env and on translated bodies; the process
+    lifecycle is shared by every engine (`gateway.supervisor.WorkerProcess`).
+    """
+
+    engine: ClassVar[EngineName]
+    capabilities: ClassVar[EngineCapabilities]
+
+    def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec: ...
+
+    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
+        """Turn a validated OpenAI request body into what the engine's HTTP server accepts."""
+        ...
+
+    def normalize_error(self, status: int, body: bytes) -> UpstreamError: ...
+
+
+def normalize_openai_error(status: int, body: bytes) -> UpstreamError:
+    """Read an OpenAI-shaped (or FastAPI-shaped, or plain text) error body into an `UpstreamError`."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return UpstreamError(status, body.decode("utf-8", "replace").strip()[:500] or f"upstream status {status}")
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            message = err.get("message") or err.get("detail") or json.dumps(err)[:500]
+            code = err.get("code")
+            param = err.get("param")
+            return UpstreamError(
+                status,
+                str(message),
+                code=str(code) if code is not None else None,
+                param=str(param) if param is not None else None,
+            )
+        if isinstance(err, str):
+            return UpstreamError(status, err)
+    return UpstreamError(status, json.dumps(data)[:500])

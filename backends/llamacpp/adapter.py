@@ -1,0 +1,71 @@
+"""How the gateway launches and speaks to our llama.cpp worker (`python -m backends.llamacpp.worker`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, ClassVar
+
+from backends.base import (
+    DeploymentPlan,
+    EngineCapabilities,
+    EngineName,
+    LaunchSpec,
+    RequestKind,
+    UpstreamError,
+    normalize_openai_error,
+)
+
+
+class LlamaCppAdapter:
+    engine: ClassVar[EngineName] = EngineName.LLAMACPP
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
+        kinds=frozenset({RequestKind.CHAT, RequestKind.COMPLETION}), json_mode=True
+    )
+
+    def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
+        self._python = python
+        self._startup_timeout_s = startup_timeout_s
+
+    def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec:
+        opts = plan.llamacpp
+        argv = [
+            self._python, "-m", "backends.llamacpp.worker",
+            "--model", str(plan.source_path),
+            "--model-name", plan.model,
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--ctx", str(plan.context_tokens),
+            "--slots", str(plan.slots),
+            "--n-gpu-layers", str(plan.n_gpu_layers),
+            "--n-batch", str(opts.n_batch),
+            "--max-queue", str(opts.max_queue),
+        ]  # fmt: skip
+        if opts.n_threads is not None:
+            argv += ["--n-threads", str(opts.n_threads)]
+        if not opts.flash_attn:
+            argv.append("--no-flash-attn")
+        env = {"PYTHONUNBUFFERED": "1"}
+        if plan.gpu_indices:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in plan.gpu_indices)
+        elif plan.n_gpu_layers == 0:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        # The worker imports `backends`, which must resolve to this checkout/installation.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        return LaunchSpec(
+            argv=tuple(argv),
+            env=env,
+            health_path="/health",
+            startup_timeout_s=self._startup_timeout_s,
+            fatal_log_patterns=(r"failed to load model", r"CUDA error: out of memory"),
+        )
+
+    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
+        """Our worker speaks the OpenAI dialect plus the extensions the gateway validated; pass through."""
+        del kind
+        return body
+
+    def normalize_error(self, status: int, body: bytes) -> UpstreamError:
+        return normalize_openai_error(status, body)

@@ -1,0 +1,111 @@
+"""LMDeploy TurboMind (FP16, continuous batching): `lmdeploy serve api_server` as a supervised subprocess.
+
+The argv is computed from the plan so that tests can assert it exactly; requests are translated into
+the dialect LMDeploy's OpenAI server accepts, and its error bodies normalised to OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, ClassVar
+
+from backends.base import (
+    DeploymentPlan,
+    EngineCapabilities,
+    EngineName,
+    LaunchSpec,
+    RequestKind,
+    UpstreamError,
+    normalize_openai_error,
+)
+
+INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
+
+# Fields our validated requests may carry that LMDeploy's api_server does not accept.
+_DROP = {"stream_options", "user", "max_completion_tokens", "response_format_type"}
+
+
+class LMDeployNotInstalled(Exception):
+    """The lmdeploy executable was not found: reported at plan time, not at request time."""
+
+
+def find_lmdeploy(executable: str) -> str:
+    """Resolve the lmdeploy CLI on PATH (or an absolute path), or raise `LMDeployNotInstalled`."""
+    path = executable if os.path.isabs(executable) else shutil.which(executable)
+    if not path or not os.access(path, os.X_OK):
+        raise LMDeployNotInstalled(f"LMDeploy executable {executable!r} not found; {INSTALL_HINT}")
+    return path
+
+
+class LMDeployAdapter:
+    engine: ClassVar[EngineName] = EngineName.LMDEPLOY
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
+        kinds=frozenset({RequestKind.CHAT, RequestKind.COMPLETION}), json_mode=True
+    )
+
+    def __init__(self, startup_timeout_s: float = 900.0) -> None:
+        self._startup_timeout_s = startup_timeout_s
+
+    def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec:
+        opts = plan.lmdeploy
+        model_format = "hf" if plan.model_format in ("hf", "gguf") else plan.model_format
+        argv = [
+            find_lmdeploy(opts.executable), "serve", "api_server", str(plan.source_path),
+            "--backend", "turbomind",
+            "--model-format", model_format,
+            "--dtype", "float16",
+            "--tp", str(plan.tp),
+            "--session-len", str(plan.context_tokens),
+            "--max-batch-size", str(plan.max_batch_size or plan.slots),
+            "--cache-max-entry-count", f"{plan.cache_max_entry_count if plan.cache_max_entry_count else 0.8:g}",
+            "--quant-policy", str(plan.quant_policy),
+            "--server-name", "127.0.0.1",
+            "--server-port", str(port),
+            "--model-name", plan.model,
+        ]  # fmt: skip
+        if opts.max_prefill_token_num is not None:
+            argv += ["--max-prefill-token-num", str(opts.max_prefill_token_num)]
+        argv += list(opts.extra_args)
+        env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONUNBUFFERED": "1"}
+        if plan.gpu_indices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in plan.gpu_indices)
+        return LaunchSpec(
+            argv=tuple(argv),
+            env=env,
+            health_path="/v1/models",
+            startup_timeout_s=self._startup_timeout_s,
+            # DESIGN.md: on a card too small TurboMind either aborts or loops on this line forever.
+            fatal_log_patterns=(r"out of memory at \d+/\d+", r"CUDA error: out of memory"),
+        )
+
+    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in body.items() if k not in _DROP}
+        if body.get("stream"):
+            # LMDeploy >= 0.7 understands stream_options; always ask for usage (the gateway strips it).
+            out["stream_options"] = {"include_usage": True}
+        fmt = body.get("response_format")
+        if kind is RequestKind.CHAT and isinstance(fmt, dict) and fmt.get("type") == "json_object":
+            # TurboMind's guided decoding takes a JSON schema; an open object schema is json mode.
+            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "json_object",
+                                      "schema": {"type": "object"}}}  # fmt: skip
+        if kind is RequestKind.COMPLETION:
+            out.pop("response_format", None)
+        return out
+
+    def normalize_error(self, status: int, body: bytes) -> UpstreamError:
+        err = normalize_openai_error(status, body)
+        # LMDeploy answers over-long prompts with a plain message and HTTP 400 ("exceed session_len" or
+        # "the prompt length ... exceeds"); give it OpenAI's code so clients can react.
+        text = err.message.lower()
+        if "session_len" in text or ("exceed" in text and ("length" in text or "token" in text)):
+            err.code = "context_length_exceeded"
+            err.status = 400
+        if err.code is not None and err.code.isdigit():
+            err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients
+        return err
+
+
+def describe_launch(spec: LaunchSpec) -> str:
+    return json.dumps({"argv": list(spec.argv), "env": spec.env})

@@ -1,0 +1,168 @@
+"""create_app(config, placement) -> FastAPI. The lifespan owns the httpx client, the workers and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from backends.base import DeploymentPlan, EngineAdapter, EngineName
+from backends.llamacpp import LlamaCppAdapter
+from backends.lmdeploy import LMDeployAdapter
+from gateway import __version__
+from gateway.admission import Admission
+from gateway.auth import KeyStore
+from gateway.config import Config, ModelSpec
+from gateway.deployments import Deployment, Registry
+from gateway.errors import ErrorCode, GatewayError, error_response, internal_error
+from gateway.metrics import Metrics
+from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from gateway.routes import inference, models, ops
+from gateway.routes.context import AppContext
+from gateway.service import Service
+from gateway.supervisor import WorkerProcess, WorkerState
+
+log = logging.getLogger("voltgate")
+
+STATS_INTERVAL_S = 2.0
+HTTP_STATUS_CODES = {
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.BODY_TOO_LARGE,
+}
+
+
+def default_adapters(config: Config) -> dict[EngineName, EngineAdapter]:
+    timeout = config.server.startup_timeout_s
+    return {
+        EngineName.LLAMACPP: LlamaCppAdapter(startup_timeout_s=timeout),
+        EngineName.LMDEPLOY: LMDeployAdapter(startup_timeout_s=timeout),
+    }
+
+
+def create_app(
+    config: Config,
+    plans: Sequence[DeploymentPlan],
+    *,
+    refused: Mapping[str, str] | None = None,
+    placement: dict[str, Any] | None = None,
+    adapters: Mapping[EngineName, EngineAdapter] | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """Build the gateway for already-placed deployments; workers start in the lifespan."""
+    adapters = dict(adapters or default_adapters(config))
+    metrics = metrics or Metrics()
+    keys = KeyStore(config.auth, os.environ.get(config.auth.keys_env) if config.auth.keys_env else None)
+    specs: dict[str, ModelSpec] = {m.name: m for m in config.models}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(limits=limits, timeout=config.server.upstream_timeout_s) as client:
+            registry = Registry(refused=dict(refused or {}))
+            for plan in plans:
+                registry.add(_deployment(plan, specs[plan.model], adapters[plan.engine], client, config, metrics))
+            service = Service(registry, client, config.server, metrics)
+            context = AppContext(config, registry, service, metrics, keys, placement=placement or {})
+            app.state.voltgate = context
+            if keys.open_mode:
+                log.warning(
+                    "OPEN MODE: no API keys configured, anyone who can reach %s:%s can use every model",
+                    config.server.host, config.server.port,
+                )  # fmt: skip
+            for name, reason in context.registry.refused.items():
+                log.error("model %s not served: %s", name, reason)
+            for deployment in registry:
+                deployment.worker.start()
+            stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
+            try:
+                yield
+            finally:
+                context.accepting = False
+                stats.cancel()
+                log.info("stopping %d worker(s)", len(registry.deployments))
+                await asyncio.gather(*(d.worker.stop(grace_s=10.0) for d in registry))
+
+    app = FastAPI(
+        title="voltgate",
+        version=__version__,
+        description="OpenAI-compatible gateway for V100 GPUs (LMDeploy TurboMind FP16 and llama.cpp GGUF).",
+        lifespan=lifespan,
+    )
+    app.include_router(inference.router)
+    app.include_router(models.router)
+    app.include_router(ops.router)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def _deployment(
+    plan: DeploymentPlan,
+    spec: ModelSpec,
+    adapter: EngineAdapter,
+    client: httpx.AsyncClient,
+    config: Config,
+    metrics: Metrics,
+) -> Deployment:
+    states = [s.value for s in WorkerState]
+
+    def on_state(name: str, state: WorkerState) -> None:
+        metrics.set_worker_state(name, plan.engine.value, state.value, states)
+        if state is WorkerState.FAILED:
+            metrics.worker_restarts.labels(name).inc()
+
+    worker = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state)
+    metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
+    capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
+    admission = Admission(plan.model, capacity, spec.llamacpp.max_queue, config.server.queue_timeout_s)
+    return Deployment(spec.name, spec.aliases, plan, adapter, worker, admission)
+
+
+async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metrics: Metrics) -> None:
+    while True:
+        await asyncio.sleep(STATS_INTERVAL_S)
+        for deployment in registry:
+            if deployment.worker.state is not WorkerState.READY or deployment.plan.engine is not EngineName.LLAMACPP:
+                continue
+            with contextlib.suppress(httpx.HTTPError, ValueError, GatewayError):
+                response = await client.get(deployment.worker.base_url() + "/health", timeout=2.0)
+                data = response.json()
+                if isinstance(data, dict):
+                    metrics.update_worker_stats(deployment.name, data)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+        message = {
+            404: f"Unknown route: {request.method} {request.url.path}",
+            405: f"Method {request.method} not allowed for {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        return error_response(GatewayError(code, message, status=exc.status_code))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"][1:]) or None
+        return error_response(GatewayError(ErrorCode.INVALID_REQUEST, str(first["msg"]), param=param))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(internal_error())

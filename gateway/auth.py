@@ -1,0 +1,124 @@
+"""API keys: hashed keys from the config, plain keys from an env var, per-key model allow-lists and limits.
+
+Keys are compared as sha256 digests in constant time; only a short key id ever reaches logs or metrics.
+No key configured means open mode, which the gateway announces loudly at start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.config import AuthSettings, KeySpec
+from gateway.errors import ErrorCode, GatewayError
+
+KEY_PREFIX = "vg-"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass
+class Principal:
+    """Who is calling, with their limits and live usage counters."""
+
+    key_id: str
+    models: tuple[str, ...] = ()
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+    in_flight: int = 0
+    _requests: deque[float] = field(default_factory=deque)
+    _tokens: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def check_model(self, model: str, aliases: tuple[str, ...] = ()) -> None:
+        if self.models and model not in self.models and not set(aliases) & set(self.models):
+            raise GatewayError(
+                ErrorCode.MODEL_NOT_ALLOWED, f"key {self.key_id!r} may not use model {model!r}", param="model"
+            )
+
+    def admit(self) -> None:
+        """Count a request against the key's limits or raise 429 with Retry-After."""
+        now = time.monotonic()
+        while self._requests and now - self._requests[0] > 60:
+            self._requests.popleft()
+        while self._tokens and now - self._tokens[0][0] > 60:
+            self._tokens.popleft()
+        if self.max_concurrent is not None and self.in_flight >= self.max_concurrent:
+            raise GatewayError(
+                ErrorCode.RATE_LIMITED,
+                f"key {self.key_id!r} has {self.in_flight} requests in flight (limit {self.max_concurrent})",
+                retry_after_s=2,
+            )
+        if self.requests_per_minute is not None and len(self._requests) >= self.requests_per_minute:
+            raise GatewayError(
+                ErrorCode.RATE_LIMITED,
+                f"key {self.key_id!r} exceeded {self.requests_per_minute} requests per minute",
+                retry_after_s=60 - (now - self._requests[0]),
+            )
+        if self.tokens_per_minute is not None and sum(n for _, n in self._tokens) >= self.tokens_per_minute:
+            raise GatewayError(
+                ErrorCode.RATE_LIMITED,
+                f"key {self.key_id!r} exceeded {self.tokens_per_minute} tokens per minute",
+                retry_after_s=60 - (now - self._tokens[0][0]),
+            )
+        self._requests.append(now)
+        self.in_flight += 1
+
+    def done(self, tokens: int) -> None:
+        self.in_flight -= 1
+        if tokens:
+            self._tokens.append((time.monotonic(), tokens))
+
+
+OPEN = Principal(key_id="open")
+
+
+class KeyStore:
+    def __init__(self, settings: AuthSettings, env_keys: str | None) -> None:
+        self._by_hash: dict[str, Principal] = {}
+        for spec in settings.keys:
+            self._add(spec)
+        for i, plain in enumerate(k.strip() for k in (env_keys or "").split(",")):
+            if plain:
+                digest = hash_key(plain)
+                self._by_hash[digest] = Principal(key_id=f"env-{i}-{digest[:6]}")
+
+    def _add(self, spec: KeySpec) -> None:
+        self._by_hash[spec.sha256] = Principal(
+            key_id=spec.id,
+            models=spec.models,
+            requests_per_minute=spec.requests_per_minute,
+            tokens_per_minute=spec.tokens_per_minute,
+            max_concurrent=spec.max_concurrent,
+        )
+
+    @property
+    def open_mode(self) -> bool:
+        return not self._by_hash
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if self.open_mode:
+            return OPEN
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise GatewayError(
+                ErrorCode.INVALID_API_KEY,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            )
+        digest = hash_key(authorization[7:].strip())
+        match: Principal | None = None
+        for known, principal in self._by_hash.items():  # compare every entry: no early exit on a hit
+            if hmac.compare_digest(known, digest):
+                match = principal
+        if match is None:
+            raise GatewayError(ErrorCode.INVALID_API_KEY, "Incorrect API key provided.")
+        return match

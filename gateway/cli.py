@@ -1,0 +1,181 @@
+"""The `voltgate` command line: serve, plan, models, keys. Parses arguments and dispatches; nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gateway.config import Config, ConfigError, EnvOverrides, load_config
+
+DEFAULT_CONFIG = Path("configs/default.yaml")
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config file [env: VOLTGATE_CONFIG; default: configs/default.yaml]"),
+]
+GpusOption = Annotated[
+    str | None,
+    typer.Option(
+        "--gpus",
+        help="GPU inventory: 'auto' (NVML), 'none', or simulated like 'v100-16gb', '2xv100-16gb', "
+        "'v100-32gb', 'name:memory_gib:capability' [env: VOLTGATE_GPUS]",
+    ),
+]
+
+cli = typer.Typer(
+    help="voltgate: one OpenAI-compatible endpoint for V100 GPUs. TurboMind FP16 when a model fits, "
+    "llama.cpp GGUF when it does not; every placement decision explained.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+keys_cli = typer.Typer(help="Manage API keys (only their sha256 hashes are stored).", no_args_is_help=True)
+cli.add_typer(keys_cli, name="keys")
+err = Console(stderr=True)
+
+
+def _load(config: Path | None, gpus: str | None = None, host: str | None = None, port: int | None = None) -> Config:
+    env = EnvOverrides()
+    overrides = EnvOverrides(
+        host=host or env.host, port=port if port is not None else env.port, gpus=gpus or env.gpus, config=None
+    )
+    path = config or env.config or DEFAULT_CONFIG
+    try:
+        return load_config(path, overrides=overrides)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def serve(
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    host: Annotated[str | None, typer.Option(help="bind address [env: VOLTGATE_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="port [env: VOLTGATE_PORT]")] = None,
+    log_format: Annotated[str, typer.Option(help="text or json")] = "text",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Place every configured model, start its worker, and serve the OpenAI API."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.logs import setup_logging
+    from gateway.placement import inventory_from_spec, plan_models, render_plan_table
+
+    setup_logging(log_format, log_level.upper())
+    cfg = _load(config, gpus, host, port)
+    report = plan_models(cfg, inventory_from_spec(cfg.gpus))
+    render_plan_table(report, err)
+    refused = {d.model: d.refusal for d in report.decisions if d.plan is None and d.refusal}
+    plans = []
+    for plan in report.plans:
+        problem = _engine_missing(plan)
+        if problem:
+            refused[plan.model] = problem
+        else:
+            plans.append(plan)
+    if not plans:
+        err.print("[red]error:[/red] no model could be placed; see the plan above")
+        raise typer.Exit(1)
+    app = create_app(cfg, plans, refused=refused, placement=json.loads(report.model_dump_json()))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=cfg.server.host,
+            port=cfg.server.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s) or None,
+            timeout_keep_alive=30,
+        )
+    )
+    logging.getLogger("voltgate").info("serving on http://%s:%s/v1", cfg.server.host, cfg.server.port)
+    server.run()
+
+
+def _engine_missing(plan: object) -> str | None:
+    from backends.base import DeploymentPlan, EngineName
+    from backends.lmdeploy import LMDeployNotInstalled, find_lmdeploy
+
+    assert isinstance(plan, DeploymentPlan)
+    if plan.engine is EngineName.LMDEPLOY:
+        try:
+            find_lmdeploy(plan.lmdeploy.executable)
+        except LMDeployNotInstalled as exc:
+            return str(exc)
+    return None
+
+
+@cli.command()
+def plan(
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options)."""
+    from gateway.placement import inventory_from_spec, plan_models, render_plan_table
+
+    cfg = _load(config, gpus)
+    report = plan_models(cfg, inventory_from_spec(cfg.gpus))
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        render_plan_table(report, Console())
+
+
+@cli.command()
+def models(config: ConfigOption = None) -> None:
+    """List the models a config serves, with aliases and sources."""
+    cfg = _load(config)
+    console = Console()
+    for model in cfg.models:
+        aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
+        console.print(f"[bold]{model.name}[/bold]{aliases}  context={model.context} concurrency={model.concurrency}")
+        for source in model.sources:
+            try:
+                path = source.resolve(cfg.base_dir)
+                state = "ok" if path.exists() else "missing"
+            except ConfigError as exc:
+                path, state = Path("?"), str(exc)
+            console.print(f"  - {type(source).__name__[:-6].lower()}: {path} [{state}]", highlight=False)
+
+
+@keys_cli.command("create")
+def keys_create(
+    key_id: Annotated[str, typer.Argument(help="a short name for the key, shown in logs and metrics")],
+    models: Annotated[list[str] | None, typer.Option("--model", help="allowed model (repeatable)")] = None,
+    rpm: Annotated[int | None, typer.Option(help="requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="tokens per minute")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(help="requests in flight")] = None,
+) -> None:
+    """Print a new API key once, and the config entry (hash only) to paste under `auth.keys`."""
+    from gateway.auth import hash_key, new_key
+
+    key = new_key()
+    entry: dict[str, object] = {"id": key_id, "sha256": hash_key(key)}
+    if models:
+        entry["models"] = models
+    for name, value in (
+        ("requests_per_minute", rpm),
+        ("tokens_per_minute", tpm),
+        ("max_concurrent", max_concurrent),
+    ):
+        if value is not None:
+            entry[name] = value
+    err.print("[bold]New API key (shown once, store it now):[/bold]")
+    sys.stdout.write(key + "\n")
+    err.print("Add this under `auth: keys:` in your config:")
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump([entry], sort_keys=False))
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()

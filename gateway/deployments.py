@@ -1,0 +1,55 @@
+"""The registry: public model names and aliases → Deployment (plan + engine adapter + worker + admission)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from backends.base import DeploymentPlan, EngineAdapter
+from gateway.admission import Admission
+from gateway.errors import ErrorCode, GatewayError
+from gateway.supervisor import WorkerProcess
+
+
+@dataclass
+class Deployment:
+    name: str
+    aliases: tuple[str, ...]
+    plan: DeploymentPlan
+    adapter: EngineAdapter
+    worker: WorkerProcess
+    admission: Admission
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Registry:
+    deployments: dict[str, Deployment] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    _by_name: dict[str, Deployment] = field(default_factory=dict)
+
+    def add(self, deployment: Deployment) -> None:
+        self.deployments[deployment.name] = deployment
+        for name in (deployment.name, *deployment.aliases):
+            self._by_name[name] = deployment
+
+    def resolve(self, model: str) -> Deployment:
+        deployment = self._by_name.get(model)
+        if deployment is not None:
+            return deployment
+        if model in self.refused:
+            raise GatewayError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"model {model!r} is configured but could not be placed: {self.refused[model]}",
+                param="model",
+            )
+        known = ", ".join(sorted(self.deployments)) or "none"
+        raise GatewayError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"The model {model!r} does not exist or you do not have access to it. Available: {known}",
+            param="model",
+        )
+
+    def __iter__(self) -> Iterator[Deployment]:
+        return iter(self.deployments.values())

@@ -1,0 +1,127 @@
+"""Every Prometheus metric the gateway exports, on an injected registry (no import-time globals).
+
+Names follow vLLM/LMDeploy's style with a `voltgate:` prefix; labels are bounded (model, engine, code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("voltgate.metrics")
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)
+
+
+class GpuCollector(Collector):
+    """Per-GPU memory and utilisation read from NVML at scrape time; no GPUs or no driver = no series."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # no driver, no library: a CPU-only host exports no GPU series
+            self._nvml = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        if self._nvml is None:
+            return []
+        nvml = self._nvml
+        used = GaugeMetricFamily("voltgate:gpu_memory_used_bytes", "GPU memory in use", labels=["gpu", "name"])
+        total = GaugeMetricFamily("voltgate:gpu_memory_total_bytes", "GPU memory in total", labels=["gpu", "name"])
+        util = GaugeMetricFamily("voltgate:gpu_utilization_ratio", "GPU busy fraction (0-1)", labels=["gpu", "name"])
+        with contextlib.suppress(Exception):
+            for i in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = nvml.nvmlDeviceGetName(handle)
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+                used.add_metric([str(i), name], float(mem.used))
+                total.add_metric([str(i), name], float(mem.total))
+                util.add_metric([str(i), name], nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+        return [used, total, util]
+
+
+class Metrics:
+    """The gateway's metrics. Call sites use the methods, never the prometheus objects directly."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, gpu: bool = True) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "voltgate:requests",
+            "Finished requests by model and outcome",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "voltgate:e2e_request_latency_seconds", "End-to-end request latency", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "voltgate:time_to_first_token_seconds", "Time to first streamed token", ["model"],
+            buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "voltgate:inter_token_latency_seconds", "Time between streamed chunks", ["model"],
+            buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter("voltgate:prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
+        self.generation_tokens = Counter("voltgate:generation_tokens", "Tokens generated", ["model"], registry=r)
+        self.queue_depth = Gauge("voltgate:num_requests_waiting", "Requests waiting for a slot", ["model"], registry=r)
+        self.running = Gauge("voltgate:num_requests_running", "Requests being served", ["model"], registry=r)
+        self.queue_time = Histogram(
+            "voltgate:request_queue_time_seconds", "Time spent waiting for a slot", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.worker_state = Gauge(
+            "voltgate:worker_state",
+            "1 for the worker's current state",
+            ["model", "engine", "state"],
+            registry=r,
+        )
+        self.worker_restarts = Counter("voltgate:worker_restarts", "Worker restarts", ["model"], registry=r)
+        self.slots_busy = Gauge("voltgate:worker_slots_busy", "Worker sequences in use", ["model"], registry=r)
+        self.slots_total = Gauge("voltgate:worker_slots", "Worker sequence slots", ["model"], registry=r)
+        self.kv_cells_used = Gauge("voltgate:worker_kv_cells_used", "KV-cache cells in use", ["model"], registry=r)
+        self.worker_tps = Gauge(
+            "voltgate:worker_generation_tokens_per_second", "Recent decode throughput", ["model"], registry=r
+        )
+        self.rejections = Counter(
+            "voltgate:rejected_requests",
+            "Requests refused before reaching a worker",
+            ["model", "code"],
+            registry=r,
+        )
+        if gpu:
+            r.register(GpuCollector())
+
+    def set_worker_state(self, model: str, engine: str, state: str, states: Sequence[str]) -> None:
+        for s in states:
+            self.worker_state.labels(model, engine, s).set(1.0 if s == state else 0.0)
+
+    def update_worker_stats(self, model: str, health: dict[str, Any]) -> None:
+        """Feed the worker's own /health counters (slots, KV cells, tokens/s) into gateway series."""
+        for gauge, key in (
+            (self.slots_busy, "slots_busy"),
+            (self.slots_total, "slots"),
+            (self.kv_cells_used, "kv_cells_used"),
+            (self.worker_tps, "tokens_per_second"),
+        ):
+            value = health.get(key)
+            if isinstance(value, int | float):
+                gauge.labels(model).set(float(value))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,98 @@
+"""Response bodies the gateway emits, with OpenAI's exact field names and required fields.
+
+Non-streaming answers from any engine are parsed into these models and re-emitted, so clients see one
+shape whichever engine served them (e.g. `refusal` on messages, exact `usage`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CompletionUsage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, Any] | None = None
+
+
+class ChatCompletionMessage(_Out):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatChoice(_Out):
+    index: int = 0
+    message: ChatCompletionMessage
+    logprobs: None = None
+    finish_reason: FinishReason = "stop"
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChunkChoice(_Out):
+    index: int = 0
+    delta: ChunkDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class CompletionChoice(_Out):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason = "stop"
+
+
+class Completion(_Out):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class Model(_Out):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "voltgate"
+
+
+class ModelList(_Out):
+    object: Literal["list"] = "list"
+    data: list[Model] = Field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Thin HTTP handlers: parse → call a service → render. Only this package knows FastAPI."""

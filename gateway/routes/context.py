@@ -1,0 +1,35 @@
+"""What handlers need from the running app, held on `app.state` by the lifespan (no module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from gateway.auth import KeyStore
+from gateway.config import Config
+from gateway.deployments import Registry
+from gateway.errors import ErrorCode, GatewayError
+from gateway.metrics import Metrics
+from gateway.service import Service
+
+
+@dataclass
+class AppContext:
+    config: Config
+    registry: Registry
+    service: Service
+    metrics: Metrics
+    keys: KeyStore
+    placement: dict[str, Any] = field(default_factory=dict)
+    accepting: bool = True
+
+    def check_accepting(self) -> None:
+        if not self.accepting:
+            raise GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down", retry_after_s=10)
+
+
+def app_context(request: Request) -> AppContext:
+    context: AppContext = request.app.state.voltgate
+    return context

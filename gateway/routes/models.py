@@ -1,0 +1,36 @@
+"""GET /v1/models and /v1/models/{id}."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol import Model, ModelList
+from gateway.routes.context import app_context
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    app = app_context(request)
+    principal = app.keys.authenticate(request.headers.get("authorization"))
+    data = [
+        Model(id=d.name, created=d.created)
+        for d in app.registry
+        if not principal.models or d.name in principal.models or set(d.aliases) & set(principal.models)
+    ]
+    return JSONResponse(ModelList(data=data).model_dump(mode="json"))
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> JSONResponse:
+    app = app_context(request)
+    principal = app.keys.authenticate(request.headers.get("authorization"))
+    deployment = app.registry.resolve(model_id)
+    try:
+        principal.check_model(deployment.name, deployment.aliases)
+    except GatewayError:
+        raise GatewayError(ErrorCode.MODEL_NOT_FOUND, f"The model {model_id!r} does not exist", param="model") from None
+    return JSONResponse(Model(id=deployment.name, created=deployment.created).model_dump(mode="json"))

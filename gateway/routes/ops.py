@@ -1,0 +1,56 @@
+"""Operations endpoints: /health (process alive), /ready (every worker ready), /metrics, /v1/placement."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.routes.context import app_context
+from gateway.supervisor import WorkerState
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    app = app_context(request)
+    models = {
+        d.name: {
+            "state": d.worker.state.value,
+            "engine": d.plan.engine.value,
+            "restarts": d.worker.restarts,
+            "running": d.admission.running,
+            "waiting": d.admission.waiting,
+            **({"error": d.worker.last_error} if d.worker.last_error else {}),
+        }
+        for d in app.registry
+    }
+    not_ready = sorted(name for name, m in models.items() if m["state"] != WorkerState.READY.value)
+    refused = dict(app.registry.refused)
+    ok = not not_ready and not refused and app.accepting
+    body = {
+        "status": "ready" if ok else "not_ready",
+        "models": models,
+        "not_ready": not_ready + sorted(refused),
+    }
+    if refused:
+        body["refused"] = refused
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    app = app_context(request)
+    return Response(app.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/placement")
+async def placement(request: Request) -> JSONResponse:
+    app = app_context(request)
+    app.keys.authenticate(request.headers.get("authorization"))
+    return JSONResponse(app.placement)

@@ -1,0 +1,279 @@
+"""Worker processes: one state machine shared by every engine, and the Supervisor that owns them all.
+
+    STOPPED ─start()─▶ STARTING ─health 200─▶ READY
+        ▲                 │ exit / timeout /     │ unexpected exit
+        │                 ▼ fatal log line       ▼
+        └──stop()──── STOPPING ◀──stop()──── FAILED ─backoff─▶ STARTING
+
+A worker runs in its own process group (start_new_session) so stop() can signal everything it spawned:
+SIGTERM to the group, a grace period, then SIGKILL. Unexpected exits restart with exponential backoff
+(1 s doubling to 60 s, reset after a minute of health), so an OOM crash loop cannot spin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import httpx
+
+from backends.base import LaunchSpec
+from gateway.errors import ErrorCode, GatewayError
+
+log = logging.getLogger("voltgate.supervisor")
+
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 60.0
+HEALTHY_RESET_S = 60.0
+LOG_TAIL_LINES = 40
+
+
+class WorkerState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class WorkerStartError(Exception):
+    """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines."""
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _set_parent_death_signal() -> None:
+    """Runs in the child before exec: die with the gateway even if the gateway is SIGKILLed (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class WorkerProcess:
+    """One supervised worker. All methods run on the event loop; none blocks it.
+
+    Callers never inspect `state` to decide: `base_url()` answers the URL when READY and raises the right
+    503 otherwise, and `stop()` is safe in every state and idempotent.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec_for_port: Callable[[int], LaunchSpec],
+        *,
+        client: httpx.AsyncClient,
+        host: str = "127.0.0.1",
+        on_state: Callable[[str, WorkerState], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._spec_for_port = spec_for_port
+        self._client = client
+        self._host = host
+        self._on_state = on_state
+        self.state = WorkerState.STOPPED
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.pid: int | None = None
+        self.port: int | None = None
+        self.ready_since: float | None = None
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._ready = asyncio.Event()
+        self._backoff_s = BACKOFF_INITIAL_S
+        self._next_start_at: float | None = None
+        self._log_task: asyncio.Task[None] | None = None
+
+    # -- public -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the supervision loop (first launch plus restarts) in the background."""
+        if self._task is None or self._task.done():
+            self._stopping = False
+            self._task = asyncio.create_task(self._supervise(), name=f"worker:{self.name}")
+
+    async def wait_ready(self, timeout_s: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def base_url(self) -> str:
+        """The worker's URL when READY; otherwise a 503 with Retry-After saying why."""
+        if self.state is WorkerState.READY and self.port is not None:
+            return f"http://{self._host}:{self.port}"
+        if self.state is WorkerState.STOPPING or self._stopping:
+            raise GatewayError(ErrorCode.SHUTTING_DOWN, f"model {self.name!r} is shutting down", retry_after_s=30)
+        retry = 5.0
+        if self._next_start_at is not None:
+            retry = max(1.0, self._next_start_at - time.monotonic() + 5.0)
+        detail = f" (last error: {self.last_error})" if self.last_error and self.state is WorkerState.FAILED else ""
+        verb = "is loading" if self.state is WorkerState.STARTING and self.restarts == 0 else "is restarting"
+        if self.state is WorkerState.FAILED:
+            verb = "is unavailable and will be restarted"
+        raise GatewayError(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"model {self.name!r} {verb}; retry shortly{detail}",
+            retry_after_s=retry,
+        )
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """The relay saw the worker vanish mid-request: stop routing to it until it is back."""
+        if self.state is WorkerState.READY and self._proc is not None and self._proc.returncode is not None:
+            self._set_state(WorkerState.FAILED)
+            self.last_error = reason
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop supervising and terminate the process group: SIGTERM, grace, SIGKILL."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._terminate(grace_s)
+        self._set_state(WorkerState.STOPPED)
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _set_state(self, state: WorkerState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        if state is WorkerState.READY:
+            self._ready.set()
+            self.ready_since = time.monotonic()
+        else:
+            self._ready.clear()
+            self.ready_since = None
+        log.info("worker %s: %s", self.name, state.value)
+        if self._on_state is not None:
+            self._on_state(self.name, state)
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            started_at = time.monotonic()
+            try:
+                await self._launch_and_wait_ready()
+                returncode = await self._proc.wait() if self._proc else -1
+                if self._stopping:
+                    return
+                self.last_error = f"worker exited with code {returncode}"
+                log.error(
+                    "worker %s exited unexpectedly (code %s); last log lines:\n%s",
+                    self.name,
+                    returncode,
+                    "\n".join(list(self.log_tail)[-10:]),
+                )
+            except WorkerStartError as exc:
+                self.last_error = str(exc)
+                log.error("worker %s failed to start: %s", self.name, exc)
+            await self._terminate(grace_s=2.0)
+            if self._stopping:
+                return
+            self._set_state(WorkerState.FAILED)
+            if time.monotonic() - started_at > HEALTHY_RESET_S:
+                self._backoff_s = BACKOFF_INITIAL_S
+            delay = self._backoff_s
+            self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
+            self._next_start_at = time.monotonic() + delay
+            log.warning("worker %s: restarting in %.0f s", self.name, delay)
+            await asyncio.sleep(delay)
+            self._next_start_at = None
+            self.restarts += 1
+
+    async def _launch_and_wait_ready(self) -> None:
+        self.port = pick_free_port(self._host)
+        spec = self._spec_for_port(self.port)
+        self._set_state(WorkerState.STARTING)
+        env = {**os.environ, **spec.env}
+        log.info("worker %s: starting %s", self.name, " ".join(spec.argv))
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal,
+            )
+        except OSError as exc:
+            raise WorkerStartError(f"cannot execute {spec.argv[0]!r}: {exc}") from exc
+        self.pid = self._proc.pid
+        fatal = [re.compile(p) for p in spec.fatal_log_patterns]
+        fatal_hit: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._log_task = asyncio.create_task(self._relay_logs(self._proc, fatal, fatal_hit))
+        deadline = time.monotonic() + spec.startup_timeout_s
+        url = f"http://{self._host}:{self.port}{spec.health_path}"
+        while True:
+            if self._proc.returncode is not None:
+                await asyncio.sleep(0.1)  # let the log relay drain the last lines
+                raise WorkerStartError(f"exited with code {self._proc.returncode} during start{self._tail()}")
+            if fatal_hit.done():
+                raise WorkerStartError(f"fatal log line during start: {fatal_hit.result()!r}{self._tail()}")
+            if time.monotonic() > deadline:
+                raise WorkerStartError(f"not ready after {spec.startup_timeout_s:.0f} s{self._tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                response = await self._client.get(url, timeout=2.0)
+                if response.status_code == 200:
+                    break
+            await asyncio.sleep(0.25)
+        self.last_error = None
+        self._set_state(WorkerState.READY)
+
+    def _tail(self, lines: int = 8) -> str:
+        tail = list(self.log_tail)[-lines:]
+        return ("; last log lines:\n  " + "\n  ".join(tail)) if tail else ""
+
+    async def _relay_logs(
+        self, proc: asyncio.subprocess.Process, fatal: list[re.Pattern[str]], fatal_hit: asyncio.Future[str]
+    ) -> None:
+        worker_log = logging.getLogger(f"voltgate.worker.{self.name}")
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if not line:
+                continue
+            self.log_tail.append(line)
+            worker_log.info("%s", line)
+            if not fatal_hit.done() and any(p.search(line) for p in fatal):
+                fatal_hit.set_result(line)
+
+    async def _terminate(self, grace_s: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            self._set_state(WorkerState.STOPPING)
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace_s)
+            except TimeoutError:
+                log.warning("worker %s ignored SIGTERM for %.0f s; sending SIGKILL", self.name, grace_s)
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        # Backstop: anything the worker spawned into its group that outlived it.
+        _signal_group(proc.pid, signal.SIGKILL)
+        self._proc = None
+        self.pid = None
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
