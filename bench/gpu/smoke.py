@@ -57,8 +57,15 @@ def main() -> int:
         return {"finish_reason": r.choices[0].finish_reason, "usage": r.usage.model_dump()}
 
     def stream_usage() -> dict[str, Any]:
-        chunks = list(client.chat.completions.create(model=args.model, messages=PROMPT, max_tokens=args.max_tokens,
-                                                     stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                model=args.model,
+                messages=PROMPT,
+                max_tokens=args.max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].choices == [] and chunks[-1].usage is not None, chunks[-1]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         return {"chunks": len(chunks), "chars": len(text), "usage": chunks[-1].usage.model_dump()}
@@ -92,14 +99,26 @@ def main() -> int:
 
     def concurrent() -> dict[str, Any]:
         def one(i: int) -> tuple[int, bool, int]:
-            body = {"model": args.model, "messages": [{"role": "user", "content": f"Story number {i}"}],
-                    "max_tokens": args.max_tokens, "stream": True, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
+            body = {
+                "model": args.model,
+                "messages": [{"role": "user", "content": f"Story number {i}"}],
+                "max_tokens": args.max_tokens,
+                "stream": True,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            }
             with httpx.stream("POST", args.base_url + "/chat/completions", json=body, timeout=300) as response:
                 raw = response.read().decode()
-            usage = [json.loads(e[6:])["usage"] for e in raw.split("\n\n") if e.startswith('data: {"') and
-                     '"choices":[]' in e.replace(" ", "")]  # fmt: skip
-            return response.status_code, raw.endswith("data: [DONE]\n\n"), usage[0]["completion_tokens"] if usage else -1
+            usage = [
+                json.loads(e[6:])["usage"]
+                for e in raw.split("\n\n")
+                if e.startswith('data: {"') and '"choices":[]' in e.replace(" ", "")
+            ]
+            return (
+                response.status_code,
+                raw.endswith("data: [DONE]\n\n"),
+                usage[0]["completion_tokens"] if usage else -1,
+            )
 
         started = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
@@ -107,8 +126,13 @@ def main() -> int:
         wall = time.perf_counter() - started
         assert all(status == 200 and done for status, done, _ in out), out
         tokens = sum(n for _, _, n in out)
-        return {"streams": len(out), "all_done": True, "tokens": tokens, "wall_s": round(wall, 2),
-                "aggregate_tok_s": round(tokens / wall, 1)}  # fmt: skip
+        return {
+            "streams": len(out),
+            "all_done": True,
+            "tokens": tokens,
+            "wall_s": round(wall, 2),
+            "aggregate_tok_s": round(tokens / wall, 1),
+        }
 
     def errors() -> dict[str, Any]:
         try:
@@ -123,9 +147,16 @@ def main() -> int:
             assert exc.param == "n"
         return {"not_found": "ok", "n>1": "ok"}
 
-    for name, fn in [("models", models), ("non_stream", non_stream), ("stream_include_usage", stream_usage),
-                     ("max_tokens_length", length), ("completions", completion), ("disconnect_aborts", disconnect),
-                     (f"concurrent_{args.concurrency}", concurrent), ("errors", errors)]:  # fmt: skip
+    for name, fn in [
+        ("models", models),
+        ("non_stream", non_stream),
+        ("stream_include_usage", stream_usage),
+        ("max_tokens_length", length),
+        ("completions", completion),
+        ("disconnect_aborts", disconnect),
+        (f"concurrent_{args.concurrency}", concurrent),
+        ("errors", errors),
+    ]:
         scenario(results, name, fn)
     failed = [r["scenario"] for r in results if not r["ok"]]
     print(json.dumps({"summary": "smoke", "passed": len(results) - len(failed), "failed": failed}), flush=True)

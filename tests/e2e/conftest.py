@@ -35,8 +35,9 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def client(self, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=str(kwargs.pop("api_key", "unused")), max_retries=0,
-                             timeout=120, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+        return openai.OpenAI(
+            base_url=self.base_url, api_key=str(kwargs.pop("api_key", "unused")), max_retries=0, timeout=120, **kwargs
+        )  # type: ignore[arg-type]
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

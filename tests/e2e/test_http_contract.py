@@ -41,8 +41,12 @@ def test_sse_framing_ends_with_done(gateway: Gateway) -> None:
 
 
 def test_malformed_json_is_400(gateway: Gateway) -> None:
-    response = httpx.post(gateway.base_url + "/chat/completions", content=b'{"model": ', timeout=10,
-                          headers={"content-type": "application/json"})  # fmt: skip
+    response = httpx.post(
+        gateway.base_url + "/chat/completions",
+        content=b'{"model": ',
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert_error(response, 400, "invalid_json")
 
 
@@ -70,8 +74,9 @@ def test_body_over_the_limit_is_413(gateway: Gateway) -> None:
 
 def test_context_overflow_is_400_context_length_exceeded_when_streaming_too(gateway: Gateway) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}], "stream": True}
-    error = assert_error(httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30), 400,
-                         "context_length_exceeded")  # fmt: skip
+    error = assert_error(
+        httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30), 400, "context_length_exceeded"
+    )
     assert "context" in error["message"]
 
 

@@ -1,4 +1,4 @@
-"""The official openai SDK against `voltgate serve` with the real SmolLM2 worker; bodies checked against OpenAI's schemas."""
+"""The official openai SDK against `voltgate serve` and the real SmolLM2 worker, checked against OpenAI's schemas."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def test_streaming_chat_with_include_usage_ends_with_a_usage_chunk(gateway: Gate
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (
-        ["stop"], ["length"]
+        ["stop"],
+        ["length"],
     )
     assert len({c.id for c in chunks}) == 1
 
@@ -110,7 +111,9 @@ def test_text_completion(gateway: Gateway) -> None:
 
 
 def test_streaming_text_completion(gateway: Gateway) -> None:
-    chunks = list(gateway.client().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, stream=True))
+    chunks = list(
+        gateway.client().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, stream=True)
+    )
     for chunk in chunks:
         assert_matches_openai("CreateCompletionResponse", chunk.model_dump(mode="json", exclude_unset=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices)

@@ -51,8 +51,13 @@ def test_eight_concurrent_streams_complete_with_their_own_outputs(gateway: Gatew
 
 
 def test_client_disconnect_mid_stream_frees_the_worker(gateway: Gateway) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 900, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 900,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         received = [next(lines) for _ in range(6)]
@@ -65,8 +70,9 @@ def test_client_disconnect_mid_stream_frees_the_worker(gateway: Gateway) -> None
     # ... and the slot must be free: nothing else is running, the next request is served at once.
     health = httpx.get(gateway.url + "/ready", timeout=5).json()["models"][MODEL]
     assert health["running"] == 0
-    quick = gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                     max_tokens=3)  # fmt: skip
+    quick = gateway.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
     assert quick.choices[0].finish_reason in ("stop", "length")
 
 
@@ -79,8 +85,9 @@ def test_killed_worker_gives_503_then_is_restarted_and_serves_again(gateway: Gat
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                     max_tokens=2)  # fmt: skip
+            gateway.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
             break
         except openai.InternalServerError as exc:
             assert exc.status_code == 503, exc

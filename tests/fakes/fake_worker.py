@@ -71,16 +71,24 @@ def main() -> None:
         created = int(time.time())
         base = {"id": "chatcmpl-fake", "created": created, "model": body.get("model", "fake")}
         if not body.get("stream"):
-            return JSONResponse({
-                **base, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            })  # fmt: skip
+            return JSONResponse(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            )
 
         async def frames():  # type: ignore[no-untyped-def]
             for i in range(args.chunks):
-                chunk = {**base, "object": "chat.completion.chunk",
-                         "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}  # fmt: skip
+                chunk = {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}],
+                }
                 yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
 

@@ -102,7 +102,8 @@ async def test_exit_during_start_reports_the_workers_last_log_lines() -> None:
 async def test_repeating_out_of_memory_line_fails_the_start_at_once() -> None:
     async with httpx.AsyncClient() as client:
         worker = WorkerProcess(
-            "m", fake("--fail-ready", "--log-line", "[TM] out of memory at 0/1", fatal=(r"out of memory at \d+/\d+",)),
+            "m",
+            fake("--fail-ready", "--log-line", "[TM] out of memory at 0/1", fatal=(r"out of memory at \d+/\d+",)),
             client=client,
         )
         worker.start()

@@ -37,7 +37,8 @@ def refs(node: object) -> set[str]:
 
 
 def main() -> None:
-    spec = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
     schemas = spec["components"]["schemas"]
     keep: dict[str, object] = {}
     todo = list(ROOTS)

@@ -16,7 +16,12 @@ def test_error_body_has_openai_fields_and_string_code() -> None:
     response = error_response(error)
     assert response.status_code == 404
     assert json.loads(response.body) == {
-        "error": {"message": "no such model", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+        "error": {
+            "message": "no such model",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
     }
     assert response.headers["x-should-retry"] == "false"
 

@@ -40,17 +40,65 @@ def plan(exe: str, **overrides: object) -> DeploymentPlan:
 @pytest.mark.parametrize(
     ("overrides", "expected_tail", "visible"),
     [
-        ({}, ["--tp", "1", "--session-len", "4096", "--max-batch-size", "32", "--cache-max-entry-count", "0.85",
-              "--quant-policy", "0"], "0"),  # fmt: skip
-        ({"tp": 2, "gpu_indices": (2, 3), "context_tokens": 2048, "max_batch_size": 64, "cache_max_entry_count": 0.8},
-         ["--tp", "2", "--session-len", "2048", "--max-batch-size", "64", "--cache-max-entry-count", "0.8",
-          "--quant-policy", "0"], "2,3"),  # fmt: skip
-        ({"quant_policy": 8, "max_batch_size": None, "slots": 4},
-         ["--tp", "1", "--session-len", "4096", "--max-batch-size", "4", "--cache-max-entry-count", "0.85",
-          "--quant-policy", "8"], "0"),  # fmt: skip
+        (
+            {},
+            [
+                "--tp",
+                "1",
+                "--session-len",
+                "4096",
+                "--max-batch-size",
+                "32",
+                "--cache-max-entry-count",
+                "0.85",
+                "--quant-policy",
+                "0",
+            ],
+            "0",
+        ),
+        (
+            {
+                "tp": 2,
+                "gpu_indices": (2, 3),
+                "context_tokens": 2048,
+                "max_batch_size": 64,
+                "cache_max_entry_count": 0.8,
+            },
+            [
+                "--tp",
+                "2",
+                "--session-len",
+                "2048",
+                "--max-batch-size",
+                "64",
+                "--cache-max-entry-count",
+                "0.8",
+                "--quant-policy",
+                "0",
+            ],
+            "2,3",
+        ),
+        (
+            {"quant_policy": 8, "max_batch_size": None, "slots": 4},
+            [
+                "--tp",
+                "1",
+                "--session-len",
+                "4096",
+                "--max-batch-size",
+                "4",
+                "--cache-max-entry-count",
+                "0.85",
+                "--quant-policy",
+                "8",
+            ],
+            "0",
+        ),
     ],
 )
-def test_argv_and_env_follow_the_plan(lmdeploy_bin: str, overrides: dict, expected_tail: list[str], visible: str) -> None:
+def test_argv_and_env_follow_the_plan(
+    lmdeploy_bin: str, overrides: dict, expected_tail: list[str], visible: str
+) -> None:
     spec = LMDeployAdapter().launch_spec(plan(lmdeploy_bin, **overrides), port=23333)
     argv = list(spec.argv)
     assert argv[:4] == [lmdeploy_bin, "serve", "api_server", "/models/llama-2-7b-hf"]
@@ -79,9 +127,17 @@ def test_executable_is_found_on_path(lmdeploy_bin: str, monkeypatch: pytest.Monk
 
 
 def test_requests_are_translated_to_lmdeploy_dialect() -> None:
-    body = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": False},
-            "max_tokens": 5, "top_k": 40, "repetition_penalty": 1.1, "ignore_eos": True,
-            "response_format": {"type": "json_object"}}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": [],
+        "stream": True,
+        "stream_options": {"include_usage": False},
+        "max_tokens": 5,
+        "top_k": 40,
+        "repetition_penalty": 1.1,
+        "ignore_eos": True,
+        "response_format": {"type": "json_object"},
+    }
     out = LMDeployAdapter().translate_request(RequestKind.CHAT, body)
     assert out["stream_options"] == {"include_usage": True}
     assert out["max_tokens"] == 5 and out["top_k"] == 40 and out["repetition_penalty"] == 1.1 and out["ignore_eos"]
@@ -91,10 +147,16 @@ def test_requests_are_translated_to_lmdeploy_dialect() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "code"),
     [
-        (400, b'{"object":"error","message":"The input token length 5000 exceed session_len 4096","code":400}',
-         "context_length_exceeded"),  # fmt: skip
-        (404, b'{"object":"error","message":"The model `x` does not exist.","type":"invalid_request_error","code":404}',
-         None),  # fmt: skip
+        (
+            400,
+            b'{"object":"error","message":"The input token length 5000 exceed session_len 4096","code":400}',
+            "context_length_exceeded",
+        ),
+        (
+            404,
+            b'{"object":"error","message":"The model `x` does not exist.","type":"invalid_request_error","code":404}',
+            None,
+        ),
         (500, b"Internal Server Error", None),
     ],
 )

@@ -1,0 +1,345 @@
+"""Memory estimates with named terms, per engine, calibrated on DESIGN.md's measurements (see the constants)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from backends.base import EngineName
+from gateway.placement.inspection import ModelShape, SourceInfo
+from gateway.placement.inventory import GIB, MIB
+
+MARGIN_BYTES = 1 * GIB
+"""Left unused on every GPU: DESIGN.md asks for at least 1 GiB."""
+
+# --- TurboMind (lmdeploy 0.18), measured on an H200 held to a V100's memory (DESIGN.md) -------------------
+TM_FIXED_BYTES_TP1 = 960 * MIB
+"""CUDA context, cuBLAS and buffers beyond the weights, before the KV cache: 32,510 - 12,856 - 18,694 MiB."""
+TM_FIXED_BYTES_TP = 1_250 * MIB
+"""The same per GPU with tp > 1 (NCCL too): Llama-2-13B tp 2, 16,160 - 12,413 - 2,498 MiB."""
+TM_DEFAULT_RATIO = 0.8
+"""lmdeploy's default --cache-max-entry-count; measured to serve. Extra KV never goes beyond it."""
+TM_BLOCK_TOKENS = 64
+TM_MAX_BATCH = 128
+TM_DEFAULT_PREFILL_TOKENS = 8_192
+TM_KV_HEADROOM = 1.10
+"""KV budget = sessions x 1.10, so a full set of sessions never sits at the last block."""
+
+# --- llama.cpp (llama-cpp-python 0.3.36, CUDA, flash attention, n_ubatch 512) ----------------------------
+LLAMACPP_CUDA_CONTEXT_BYTES = 672 * MIB
+"""CUDA context + cuBLAS workspace per GPU. With `llamacpp_compute_bytes` this reproduces DESIGN.md's
+Llama-2-7B table (F16/Q8_0/Q4_K_M, 4k/16k context, 32 or 16 layers) at +0.1% to +3%, never below it."""
+LLAMACPP_MAX_UBATCH = 512
+
+
+class MemoryEstimate(BaseModel):
+    """What one deployment holds, by named term (bytes, summed over wherever it lives), and where it
+    lives: `gpu_bytes` per GPU index (margin excluded) and `host_bytes` in host memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: EngineName
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+    runtime_bytes: int = Field(default=0, description="TurboMind activations/workspace; llama.cpp compute buffers")
+    cuda_context_bytes: int = 0
+    margin_bytes: int = Field(default=0, description="kept free on the GPUs used (per GPU x GPUs)")
+    gpu_bytes: dict[int, int] = Field(default_factory=dict)
+    host_bytes: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def terms_gib(self) -> dict[str, float]:
+        """The named terms in GiB, rounded to 0.01, for tables and JSON."""
+        terms = {
+            "weights": self.weights_bytes,
+            "kv_cache": self.kv_cache_bytes,
+            "runtime": self.runtime_bytes,
+            "cuda_context": self.cuda_context_bytes,
+            "margin": self.margin_bytes,
+        }
+        return {name: round(value / GIB, 2) for name, value in terms.items()}
+
+    @property
+    def total_gpu_bytes(self) -> int:
+        return sum(self.gpu_bytes.values())
+
+
+class Shortfall(NamedTuple):
+    """A rung that does not fit: what it needs against what there is (bytes), and a sentence why."""
+
+    needed_bytes: int
+    available_bytes: int
+    why: str
+
+    @property
+    def gib(self) -> float:
+        return (self.needed_bytes - self.available_bytes) / GIB
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def kv_element_bytes(quant_policy: int, head_dim: int) -> float:
+    """Bytes per cached K or V element in TurboMind: fp16, or int8/int4 plus an fp16 scale and zero per head."""
+    if quant_policy == 8:
+        return 1 + 4 / head_dim
+    if quant_policy == 4:
+        return 0.5 + 4 / head_dim
+    return 2.0
+
+
+# --- TurboMind -------------------------------------------------------------------------------------------
+
+
+def turbomind_runtime_bytes(shape: ModelShape, session_len: int, max_batch: int, prefill_tokens: int, tp: int) -> int:
+    """Activations and workspace outside the KV cache, per GPU.
+
+    Calibrated on the three measured outcomes in DESIGN.md: 7B tp 1, session 4096, batch 128 needs more than
+    the 469 MiB that ratio 0.8 leaves (OOM); 13B tp 2, batch 64 needs more than 500 MiB at session 4096
+    (OOM) and less at 2048 (serves). Buffers scale with the tokens of one forward pass (a prefill chunk is
+    at most the session, at most max_prefill_token_num) plus the batch, and the fp32 logits of the batch.
+    """
+    tokens = min(session_len, prefill_tokens) + max_batch
+    ffn = shape.ffn_size * max(1, shape.n_experts_used)
+    per_token = 2 * (12 * shape.hidden_size + 6 * ffn // tp)
+    return tokens * per_token + max_batch * shape.vocab_size * 4
+
+
+class TurboMindFit(NamedTuple):
+    session_len: int
+    max_batch_size: int
+    cache_max_entry_count: float
+    quant_policy: int
+    sessions_in_cache: int
+    estimate: MemoryEstimate
+
+
+def fit_turbomind(
+    source: SourceInfo,
+    *,
+    gpu_indices: tuple[int, ...],
+    free_bytes: int,
+    session_len: int,
+    concurrency: int,
+    quant_policy: int = 0,
+    max_batch_size: int | None = None,
+    cache_ratio: float | None = None,
+    prefill_tokens: int | None = None,
+    extra_kv: bool = False,
+) -> TurboMindFit | Shortfall:
+    """Does TurboMind serve `concurrency` sessions of `session_len` on these GPUs (tp = their number), each
+    showing `free_bytes` free when the worker starts? The KV cache gets sessions x 1.10 (or, with `extra_kv`,
+    up to lmdeploy's 0.8 of what is free after the weights); `cache_max_entry_count` is that KV over the
+    memory TurboMind finds free after its weights, so start workers in plan order."""
+    shape, tp = source.shape, len(gpu_indices)
+    weights = math.ceil(source.weights_bytes / tp)
+    fixed = TM_FIXED_BYTES_TP1 if tp == 1 else TM_FIXED_BYTES_TP
+    free_after = free_bytes - weights - fixed
+    kv_token = math.ceil(shape.kv_bytes_per_token(kv_element_bytes(quant_policy, shape.head_dim)) / tp)
+    session_kv = math.ceil(session_len / TM_BLOCK_TOKENS) * TM_BLOCK_TOKENS * kv_token
+    target = session_kv * concurrency
+    prefill = prefill_tokens or TM_DEFAULT_PREFILL_TOKENS
+    batch = max_batch_size or concurrency
+    runtime = turbomind_runtime_bytes(shape, session_len, batch, prefill, tp)
+    needed = weights + fixed + runtime + target + MARGIN_BYTES
+    what = f"{concurrency} x {session_len}-token session{'s' if concurrency > 1 else ''}"
+    if needed > free_bytes:
+        return Shortfall(
+            needed,
+            free_bytes,
+            f"needs {gib(needed)} per GPU (weights {gib(weights)} + cuda_context {gib(fixed)} + runtime {gib(runtime)} "
+            f"+ KV {gib(target)} for {what} + margin {gib(MARGIN_BYTES)}), has {gib(free_bytes)}",
+        )
+    if cache_ratio is not None:
+        kv = math.floor(cache_ratio * free_after)
+        missing = max(target - kv, runtime + MARGIN_BYTES - (free_after - kv))
+        if missing > 0:
+            return Shortfall(
+                free_bytes + missing,
+                free_bytes,
+                f"cache_max_entry_count {cache_ratio} gives KV {gib(kv)} (needs {gib(target)}) and leaves "
+                f"{gib(free_after - kv)} for runtime {gib(runtime)} + margin {gib(MARGIN_BYTES)}",
+            )
+        terms = _Terms(weights, fixed, runtime, free_after, session_kv)
+        return _tm_fit(gpu_indices, session_len, quant_policy, batch, cache_ratio, terms)
+    ratio = _ratio(free_after, runtime, target, extra_kv)
+    if max_batch_size is None:
+        # More KV holds more full sessions: let the batch grow to them, re-fitting the runtime it needs.
+        sessions = math.floor(ratio * free_after) // session_kv
+        wanted = max(concurrency, min(TM_MAX_BATCH, sessions))
+        bigger = turbomind_runtime_bytes(shape, session_len, wanted, prefill, tp)
+        if free_after - bigger - MARGIN_BYTES >= target:
+            regrown = _ratio(free_after, bigger, target, extra_kv)
+            sessions = math.floor(regrown * free_after) // session_kv
+            batch = max(concurrency, min(wanted, sessions))
+            runtime = turbomind_runtime_bytes(shape, session_len, batch, prefill, tp)
+            ratio = _ratio(free_after, runtime, target, extra_kv)
+    terms = _Terms(weights, fixed, runtime, free_after, session_kv)
+    return _tm_fit(gpu_indices, session_len, quant_policy, batch, ratio, terms)
+
+
+def _ratio(free_after: int, runtime: int, target: int, extra_kv: bool) -> float:
+    """cache_max_entry_count: the KV target plus headroom (or, with extra_kv, lmdeploy's 0.8) as a fraction
+    of the memory free after the weights, never leaving less than runtime + margin outside it."""
+    most = (free_after - runtime - MARGIN_BYTES) / free_after
+    wanted = max(target * TM_KV_HEADROOM / free_after, TM_DEFAULT_RATIO if extra_kv else 0.0)
+    ratio = math.floor(min(most, wanted) * 1000) / 1000
+    if math.floor(ratio * free_after) < target:
+        ratio = math.ceil(target / free_after * 1000) / 1000
+    return ratio
+
+
+class _Terms(NamedTuple):
+    """Per-GPU bytes of one TurboMind fit."""
+
+    weights: int
+    fixed: int
+    runtime: int
+    free_after: int
+    session_kv: int
+
+
+def _tm_fit(
+    gpu_indices: tuple[int, ...], session_len: int, quant_policy: int, batch: int, ratio: float, terms: _Terms
+) -> TurboMindFit:
+    weights, fixed, runtime, free_after, session_kv = terms
+    tp = len(gpu_indices)
+    kv = math.floor(ratio * free_after)
+    sessions = kv // session_kv
+    per_gpu = weights + fixed + runtime + kv
+    return TurboMindFit(
+        session_len=session_len,
+        max_batch_size=batch,
+        cache_max_entry_count=ratio,
+        quant_policy=quant_policy,
+        sessions_in_cache=sessions,
+        estimate=MemoryEstimate(
+            engine=EngineName.LMDEPLOY,
+            weights_bytes=weights * tp,
+            kv_cache_bytes=kv * tp,
+            runtime_bytes=runtime * tp,
+            cuda_context_bytes=fixed * tp,
+            margin_bytes=MARGIN_BYTES * tp,
+            gpu_bytes=dict.fromkeys(gpu_indices, per_gpu),
+        ),
+    )
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------------
+
+
+def llamacpp_compute_bytes(shape: ModelShape, n_ctx_total: int, n_batch: int) -> int:
+    """llama.cpp's compute buffer: one micro-batch of logits, FFN and hidden activations in fp32, plus the
+    attention mask over the whole context (measured 92-155 MiB for a 7B at 4k-16k)."""
+    ubatch = min(n_batch, LLAMACPP_MAX_UBATCH)
+    ffn = shape.ffn_size * max(1, shape.n_experts_used)
+    return ubatch * (shape.vocab_size + 2 * ffn + 4 * shape.hidden_size) * 4 + n_ctx_total * ubatch * 4
+
+
+class LlamaCppFit(NamedTuple):
+    n_gpu_layers: int
+    layers_per_gpu: dict[int, int]
+    estimate: MemoryEstimate
+
+
+def fit_llamacpp(
+    source: SourceInfo,
+    *,
+    budgets: dict[int, int],
+    n_ctx_total: int,
+    n_batch: int,
+    n_offload: int,
+) -> LlamaCppFit | Shortfall:
+    """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
+    (index -> bytes this worker may use, margin already kept out), split in proportion to room like
+    llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);
+    0 is the CPU. Host memory is not checked here."""
+    shape = source.shape
+    n_layers = shape.n_layers
+    full = n_offload > n_layers
+    first = n_layers - min(n_offload, n_layers)
+    kv_layer = [shape.layer_kv_bytes_per_token(layer) * n_ctx_total for layer in range(n_layers)]
+    need = [source.layer_bytes[layer] + kv_layer[layer] for layer in range(n_layers)]
+    compute = llamacpp_compute_bytes(shape, n_ctx_total, n_batch)
+    # With every layer offloaded the output head goes too; a tied head is a copy of the embedding there.
+    output = source.output_bytes + (source.embedding_bytes if source.tied_embeddings else 0) if full else 0
+    offloaded = need[first:]
+    per_gpu: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    if offloaded:
+        overhead = LLAMACPP_CUDA_CONTEXT_BYTES + compute
+        order = sorted(budgets)
+        caps = [budgets[i] - overhead - (output if i == order[-1] else 0) for i in order]
+        split = _split_layers(offloaded, caps)
+        if split is None:
+            have = sum(budgets.values())
+            want = sum(offloaded) + len(order) * overhead + output
+            on = "GPU " + ", ".join(map(str, order))
+            return Shortfall(
+                max(want, have + 1),
+                have,
+                f"{'all' if full else n_offload} layers on {on} need {gib(want)} (KV for {n_ctx_total} "
+                f"tokens and {gib(overhead)} per GPU included), have {gib(have)}",
+            )
+        start = 0
+        for index, count in zip(order, split, strict=True):
+            if count:
+                counts[index] = count
+                tail = output if index == order[-1] else 0
+                per_gpu[index] = sum(offloaded[start : start + count]) + overhead + tail
+            start += count
+    n_gpus = len(per_gpu)
+    host_compute = 0 if full else compute  # the CPU runs whatever is not offloaded
+    host_weights = sum(source.layer_bytes[:first]) + source.embedding_bytes + (0 if full else source.output_bytes)
+    return LlamaCppFit(
+        n_gpu_layers=-1 if full else n_offload,
+        layers_per_gpu=counts,
+        estimate=MemoryEstimate(
+            engine=EngineName.LLAMACPP,
+            weights_bytes=sum(source.layer_bytes[first:]) + output + host_weights,
+            kv_cache_bytes=sum(kv_layer),
+            runtime_bytes=compute * n_gpus + host_compute,
+            cuda_context_bytes=LLAMACPP_CUDA_CONTEXT_BYTES * n_gpus,
+            margin_bytes=MARGIN_BYTES * n_gpus,
+            gpu_bytes=per_gpu,
+            host_bytes=host_weights + sum(kv_layer[:first]) + host_compute,
+        ),
+    )
+
+
+def _split_layers(layers: list[int], caps: list[int]) -> list[int] | None:
+    """Contiguous layer counts per GPU, proportional to each GPU's room; greedy fill if that fails."""
+    if any(c <= 0 for c in caps) and len(caps) > 1:
+        return None
+    room = sum(max(c, 0) for c in caps)
+    if room <= 0:
+        return None
+    total = sum(layers)
+    bounds, acc = [], 0
+    for cap in caps:
+        acc += max(cap, 0)
+        bounds.append(acc / room * total)
+    counts, used, gpu = [0] * len(caps), [0] * len(caps), 0
+    cumulative = 0
+    for size in layers:
+        middle = cumulative + size / 2
+        while gpu < len(caps) - 1 and middle > bounds[gpu]:
+            gpu += 1
+        counts[gpu] += 1
+        used[gpu] += size
+        cumulative += size
+    if all(u <= c for u, c in zip(used, caps, strict=True)):
+        return counts
+    counts, gpu, used_now = [0] * len(caps), 0, 0
+    for size in layers:
+        while gpu < len(caps) and used_now + size > caps[gpu]:
+            gpu, used_now = gpu + 1, 0
+        if gpu == len(caps):
+            return None
+        counts[gpu] += 1
+        used_now += size
+    return counts

@@ -1,0 +1,372 @@
+"""Model inspection without loading weights: config.json + safetensors headers, or GGUF metadata + tensor infos."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backends.base import ModelFormat
+from gateway.config import ConfigError, GGUFSource, HFSource, ModelSource
+
+_HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
+_HF_EMBEDDING = re.compile(r"(?:embed_tokens|wte|word_embeddings)\.weight$")
+_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
+_GGUF_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
+_FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+_RAW_DTYPES = {"I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1}
+_RAW_DTYPES.update({"F8_E4M3": 1, "F8_E5M2": 1})
+
+
+class InspectionError(Exception):
+    """A model source is missing, unreadable or not a model this planner understands."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelShape(_Frozen):
+    """The architecture facts that memory estimates depend on."""
+
+    architecture: str = Field(description="HF architectures[0] (LlamaForCausalLM) or GGUF general.architecture")
+    n_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    n_heads: int = Field(ge=1)
+    n_kv_heads: int = Field(ge=1, description="the largest per-layer value when layers differ")
+    head_dim: int = Field(ge=1, description="per-head size of K")
+    v_head_dim: int = Field(ge=1, description="per-head size of V")
+    ffn_size: int = Field(ge=0, description="feed-forward width (per expert for MoE)")
+    vocab_size: int = Field(ge=0)
+    max_context: int | None = Field(default=None, description="trained context length")
+    n_experts: int = 0
+    n_experts_used: int = 0
+    kv_heads_per_layer: tuple[int, ...] | None = None
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int:
+        """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (Llama-2-7B: 512 KiB)."""
+        heads = self.kv_heads_per_layer or (self.n_kv_heads,) * self.n_layers
+        return round(sum(heads) * (self.head_dim + self.v_head_dim) * bytes_per_element)
+
+    def layer_kv_bytes_per_token(self, layer: int, bytes_per_element: float = 2.0) -> int:
+        heads = self.kv_heads_per_layer[layer] if self.kv_heads_per_layer else self.n_kv_heads
+        return round(heads * (self.head_dim + self.v_head_dim) * bytes_per_element)
+
+
+class QuantConfig(_Frozen):
+    """An HF checkpoint's `quantization_config` (AWQ or GPTQ)."""
+
+    method: str
+    bits: int | None = None
+    group_size: int | None = None
+    version: str | None = None
+    sym: bool | None = None
+    desc_act: bool | None = None
+
+
+class SourceInfo(_Frozen):
+    """What one model source holds, read from headers only; byte counts are as an engine loads them."""
+
+    path: Path
+    format: ModelFormat
+    shape: ModelShape
+    weights_bytes: int = Field(description="all tensors; float HF tensors counted as float16")
+    layer_bytes: tuple[int, ...] = Field(description="per transformer block")
+    embedding_bytes: int = Field(description="token embedding (llama.cpp keeps it in host memory)")
+    output_bytes: int = Field(description="everything else: output head, final norm")
+    tied_embeddings: bool = Field(default=False, description="no output head: the embedding doubles as one")
+    n_params: int
+    file_bytes: int
+    torch_dtype: str | None = Field(default=None, description="HF checkpoint dtype (bfloat16, float16, ...)")
+    quant: str | None = Field(default=None, description="GGUF file type label (Q4_K_M) or awq/gptq")
+    quant_config: QuantConfig | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.weights_bytes * 8 / max(self.n_params, 1)
+
+    def describe(self) -> str:
+        label = self.quant or self.torch_dtype or self.format
+        return f"{self.path.name} ({self.format}, {label}, {self.weights_bytes / (1 << 30):.2f} GiB)"
+
+
+def inspect_source(source: ModelSource, base_dir: Path) -> SourceInfo:
+    """Inspect one configured source; raise `InspectionError` saying what is wrong (not found, unreadable)."""
+    try:
+        path = source.resolve(base_dir)
+    except ConfigError as exc:
+        raise InspectionError(str(exc)) from None
+    if isinstance(source, GGUFSource):
+        return inspect_gguf(path)
+    assert isinstance(source, HFSource)
+    return inspect_hf_dir(path, source.format)
+
+
+# --- Hugging Face directories -------------------------------------------------------------------------
+
+
+def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") -> SourceInfo:
+    """config.json for the shape, safetensors headers (all shards) for exact tensor sizes."""
+    if not path.exists():
+        raise InspectionError(f"source not found: {path}")
+    if not path.is_dir():
+        raise InspectionError(f"{path}: an HF source must be a directory with config.json and *.safetensors")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InspectionError(f"{path}: no config.json") from None
+    except (OSError, ValueError) as exc:
+        raise InspectionError(f"{path}/config.json: unreadable: {exc}") from None
+    if not isinstance(config, dict):
+        raise InspectionError(f"{path}/config.json: expected a JSON object")
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    shape = _hf_shape(config, text, path)
+    warnings: list[str] = []
+    quant_config = _quant_config(config.get("quantization_config"))
+    fmt: ModelFormat = declared
+    if quant_config and quant_config.method in ("awq", "gptq") and quant_config.method != declared:
+        method = quant_config.method
+        warnings.append(f"config.json says {method}, the source is declared {declared}: treated as {method}")
+        fmt = "awq" if quant_config.method == "awq" else "gptq"
+    elif declared in ("awq", "gptq") and (quant_config is None or quant_config.method != declared):
+        raise InspectionError(f"{path}: declared {declared} but config.json has no {declared} quantization_config")
+
+    layers = [0] * shape.n_layers
+    embedding = other = n_params = weights = file_bytes = 0
+    for shard in _safetensors_files(path):
+        file_bytes += shard.stat().st_size
+        for name, dtype, shape_ in _safetensors_header(shard):
+            numel = 1
+            for dim in shape_:
+                numel *= dim
+            if dtype in _FLOAT_DTYPES:
+                nbytes = numel * 2  # engines load float checkpoints as float16
+            elif dtype in _RAW_DTYPES:
+                nbytes = numel * _RAW_DTYPES[dtype]
+            else:
+                raise InspectionError(f"{shard}: tensor {name} has unsupported dtype {dtype}")
+            weights += nbytes
+            # packed int32 AWQ/GPTQ tensors hold 32/bits weights per element
+            n_params += numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
+            match = _HF_LAYER.search(name)
+            if match and int(match.group(1)) < shape.n_layers:
+                layers[int(match.group(1))] += nbytes
+            elif _HF_EMBEDDING.search(name):
+                embedding += nbytes
+            else:
+                other += nbytes
+    torch_dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "") or None
+    return SourceInfo(
+        path=path,
+        format=fmt,
+        shape=shape,
+        weights_bytes=weights,
+        layer_bytes=tuple(layers),
+        embedding_bytes=embedding,
+        output_bytes=other,
+        n_params=n_params,
+        file_bytes=file_bytes,
+        torch_dtype=torch_dtype,
+        quant=fmt if fmt in ("awq", "gptq") else None,
+        quant_config=quant_config,
+        warnings=tuple(warnings),
+    )
+
+
+def _hf_shape(config: dict[str, Any], text: dict[str, Any], path: Path) -> ModelShape:
+    def first(*keys: str, default: Any = None) -> Any:
+        return next((text[k] for k in keys if text.get(k) is not None), default)
+
+    try:
+        n_heads = int(first("num_attention_heads", "n_head"))
+        hidden = int(first("hidden_size", "n_embd", "d_model"))
+        n_layers = int(first("num_hidden_layers", "n_layer", "num_layers"))
+    except (TypeError, ValueError):
+        needs = "num_hidden_layers, hidden_size, num_attention_heads"
+        raise InspectionError(f"{path}/config.json: needs {needs}") from None
+    kv_heads = first("num_key_value_heads", "num_kv_heads", default=1 if text.get("multi_query") else n_heads)
+    head_dim = int(first("head_dim", default=hidden // n_heads))
+    architectures = config.get("architectures") or [text.get("model_type") or "unknown"]
+    return ModelShape(
+        architecture=str(architectures[0]),
+        n_layers=n_layers,
+        hidden_size=hidden,
+        n_heads=n_heads,
+        n_kv_heads=int(kv_heads),
+        head_dim=head_dim,
+        v_head_dim=head_dim,
+        ffn_size=int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)),
+        vocab_size=int(first("vocab_size", default=0)),
+        max_context=first("max_position_embeddings", "n_positions", "seq_length"),
+        n_experts=int(first("num_local_experts", "num_experts", "n_routed_experts", default=0)),
+        n_experts_used=int(first("num_experts_per_tok", default=0)),
+    )
+
+
+def _quant_config(raw: object) -> QuantConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    method = str(raw.get("quant_method", "")).lower()
+    return QuantConfig(
+        method=method,
+        bits=raw.get("bits", raw.get("w_bit")),
+        group_size=raw.get("group_size", raw.get("q_group_size")),
+        version=str(raw["version"]).lower() if raw.get("version") is not None else None,
+        sym=raw.get("sym"),
+        desc_act=raw.get("desc_act"),
+    )
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InspectionError(f"{index}: unreadable sharded index: {exc}") from None
+        shards = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [s.name for s in shards if not s.is_file()]
+        if missing:
+            raise InspectionError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        return shards
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise InspectionError(f"{path}: no *.safetensors files (other weight formats are not inspected)")
+    return shards
+
+
+def _safetensors_header(shard: Path) -> list[tuple[str, str, list[int]]]:
+    """(name, dtype, shape) of every tensor, from the header only (the safetensors library memory-maps and
+    validates the header; no tensor data is read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(shard), framework="numpy") as handle:
+            out = []
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                view = handle.get_slice(name)
+                out.append((name, str(view.get_dtype()), [int(d) for d in view.get_shape()]))
+            return out
+    except Exception as exc:  # SafetensorError and OSError: a corrupt or truncated file
+        raise InspectionError(f"{shard}: unreadable safetensors header: {exc}") from None
+
+
+# --- GGUF ----------------------------------------------------------------------------------------------
+
+
+def inspect_gguf(path: Path) -> SourceInfo:
+    """GGUF metadata and tensor infos via the `gguf` package (memory-mapped; tensor data is never read).
+    A split model (`name-00001-of-00003.gguf`) is read across all its files."""
+    if not path.exists():
+        raise InspectionError(f"source not found: {path}")
+    files = _gguf_files(path)
+    try:
+        import gguf
+
+        readers = [gguf.GGUFReader(str(f)) for f in files]
+    except Exception as exc:  # bad magic, truncated file, unknown version
+        raise InspectionError(f"{path}: unreadable GGUF: {exc}") from None
+    meta = readers[0]
+
+    def field(key: str, default: Any = None) -> Any:
+        f = meta.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = str(field("general.architecture", "unknown"))
+    n_layers = field(f"{arch}.block_count")
+    n_heads = field(f"{arch}.attention.head_count")
+    hidden = field(f"{arch}.embedding_length")
+    if n_layers is None or n_heads is None or hidden is None:
+        raise InspectionError(f"{path}: GGUF lacks {arch}.block_count / attention.head_count / embedding_length")
+    n_heads = max(n_heads) if isinstance(n_heads, list) else int(n_heads)
+    kv = field(f"{arch}.attention.head_count_kv", n_heads)
+    kv_per_layer = tuple(int(h) for h in kv) if isinstance(kv, list) else None
+    head_dim = int(field(f"{arch}.attention.key_length", int(hidden) // n_heads))
+    ffn = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length", 4 * int(hidden))
+    tokens = meta.fields.get("tokenizer.ggml.tokens")
+
+    layers = [0] * int(n_layers)
+    embedding = other = n_params = weights = 0
+    by_type: Counter[str] = Counter()
+    has_output = False
+    for reader in readers:
+        for t in reader.tensors:
+            nbytes, numel = int(t.n_bytes), int(t.n_elements)
+            weights += nbytes
+            n_params += numel
+            if len(t.shape) >= 2:
+                by_type[t.tensor_type.name] += nbytes
+            match = _GGUF_LAYER.match(t.name)
+            if match and int(match.group(1)) < len(layers):
+                layers[int(match.group(1))] += nbytes
+            elif t.name == "token_embd.weight":
+                embedding += nbytes
+            else:
+                other += nbytes
+                has_output = has_output or t.name == "output.weight"
+    warnings = []
+    label = _gguf_label(field("general.file_type"), by_type)
+    if label == "BF16":
+        warnings.append("BF16 GGUF: V100 has no BF16 arithmetic; an F16 or Q8_0 GGUF runs better")
+    return SourceInfo(
+        path=path,
+        format="gguf",
+        shape=ModelShape(
+            architecture=arch,
+            n_layers=int(n_layers),
+            hidden_size=int(hidden),
+            n_heads=n_heads,
+            n_kv_heads=max(kv_per_layer) if kv_per_layer else int(kv),
+            head_dim=head_dim,
+            v_head_dim=int(field(f"{arch}.attention.value_length", head_dim)),
+            ffn_size=max(ffn) if isinstance(ffn, list) else int(ffn),
+            vocab_size=int(field(f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0)),
+            max_context=field(f"{arch}.context_length"),
+            n_experts=int(field(f"{arch}.expert_count", 0)),
+            n_experts_used=int(field(f"{arch}.expert_used_count", 0)),
+            kv_heads_per_layer=kv_per_layer,
+        ),
+        weights_bytes=weights,
+        layer_bytes=tuple(layers),
+        embedding_bytes=embedding,
+        output_bytes=other,
+        tied_embeddings=not has_output,
+        n_params=n_params,
+        file_bytes=sum(f.stat().st_size for f in files),
+        quant=label,
+        warnings=tuple(warnings),
+    )
+
+
+def _gguf_files(path: Path) -> list[Path]:
+    match = _GGUF_SPLIT.match(path.name)
+    if not match:
+        return [path]
+    if int(match.group("n")) != 1:
+        raise InspectionError(f"{path}: point the source at the first split (-00001-of-{match.group('total')}.gguf)")
+    total = int(match.group("total"))
+    files = [path.with_name(f"{match.group('stem')}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1)]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise InspectionError(f"{path}: split GGUF files missing: {', '.join(missing)}")
+    return files
+
+
+def _gguf_label(file_type: object, by_type: Counter[str]) -> str:
+    """`general.file_type` as llama.cpp names it (MOSTLY_Q4_K_M -> Q4_K_M); else the dominant tensor type."""
+    import gguf
+
+    if isinstance(file_type, int):
+        try:
+            name = gguf.LlamaFileType(file_type).name
+        except ValueError:
+            name = ""
+        if name and name != "GUESSED":
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    return by_type.most_common(1)[0][0] if by_type else "unknown"

@@ -1,0 +1,190 @@
+"""The GPUs placement may use: read from NVML, or simulated from a layout string such as `2xv100-16gb`."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# What NVML reports for the two V100 sizes (MiB); DESIGN.md holds the H200 to these when emulating a V100.
+_V100_16GB_MIB = 16_160
+_V100_32GB_MIB = 32_510
+
+# Named layouts: name -> (GPU name, memory MiB, compute capability).
+_NAMED_GPUS: dict[str, tuple[str, int, tuple[int, int]]] = {
+    "v100-16gb": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0)),
+    "v100-32gb": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0)),
+}
+_COUNT = re.compile(r"^(\d+)\s*x\s*(.+)$", re.IGNORECASE)
+
+
+class InventoryError(Exception):
+    """A GPU layout string could not be understood; the message says which part and what is accepted."""
+
+
+class GPU(BaseModel):
+    """One GPU as placement sees it. `index` is the NVML index (PCI bus order), which CUDA agrees with when
+    workers run with CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0)
+    name: str
+    uuid: str | None = None
+    total_bytes: int = Field(ge=0)
+    free_bytes: int = Field(ge=0)
+    compute_capability: tuple[int, int]
+    simulated: bool = False
+
+    @property
+    def supports_bf16(self) -> bool:
+        """BF16 arithmetic needs sm80 or newer; a V100 (sm70) has none."""
+        return self.compute_capability >= (8, 0)
+
+    @property
+    def kind(self) -> tuple[str, int, tuple[int, int]]:
+        """GPUs of the same kind are interchangeable for tensor parallelism."""
+        return (self.name, self.total_bytes, self.compute_capability)
+
+    def describe(self) -> str:
+        cc = ".".join(map(str, self.compute_capability))
+        free, total = self.free_bytes / GIB, self.total_bytes / GIB
+        return f"GPU {self.index} {self.name} ({free:.1f} of {total:.1f} GiB free, sm{cc})"
+
+
+class Inventory(BaseModel):
+    """The GPUs of one host, plus host memory when known (`None` for a simulated layout)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: tuple[GPU, ...] = ()
+    source: Literal["nvml", "simulated", "none"] = "none"
+    host_memory_bytes: int | None = None
+    note: str | None = Field(default=None, description="why NVML gave no GPUs, when it did not")
+
+    def by_index(self, index: int) -> GPU | None:
+        return next((gpu for gpu in self.gpus if gpu.index == index), None)
+
+
+def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
+    """`auto` reads NVML (no driver means no GPUs, never an error); `none` is no GPUs; anything else is a
+    simulated layout: `v100-16gb`, `2xv100-16gb`, `v100-32gb`, `name:memory_gib:capability` (for example
+    `a10:24:8.6`), or a comma-separated mix of those (`v100-32gb,2xv100-16gb`).
+
+    Raises `InventoryError` for a layout it cannot read.
+    """
+    text = spec.strip().lower()
+    if text == "auto":
+        return inventory_from_nvml(nvml)
+    if text in ("none", "cpu", ""):
+        return Inventory(source="none", host_memory_bytes=host_memory_bytes())
+    gpus: list[GPU] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            raise InventoryError(f"GPU layout {spec!r}: empty entry between commas")
+        count, kind = 1, part
+        match = _COUNT.match(part)
+        if match:
+            count, kind = int(match.group(1)), match.group(2).strip()
+            if not 1 <= count <= 16:
+                raise InventoryError(f"GPU layout {part!r}: count must be 1-16")
+        name, mib, capability = _parse_kind(kind, spec)
+        for _ in range(count):
+            gpus.append(
+                GPU(
+                    index=len(gpus),
+                    name=name,
+                    total_bytes=mib * MIB,
+                    free_bytes=mib * MIB,
+                    compute_capability=capability,
+                    simulated=True,
+                )
+            )
+    return Inventory(gpus=tuple(gpus), source="simulated")
+
+
+def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int]]:
+    named = _NAMED_GPUS.get(kind.lower())
+    if named is not None:
+        return named
+    fields = kind.split(":")
+    if len(fields) != 3:
+        known = ", ".join(sorted(_NAMED_GPUS))
+        raise InventoryError(
+            f"GPU layout {spec!r}: cannot read {kind!r}; use auto, none, {known}, "
+            "NxLAYOUT (2xv100-16gb) or name:memory_gib:capability (a10:24:8.6)"
+        )
+    name, memory, capability = (f.strip() for f in fields)
+    try:
+        mib = round(float(memory) * 1024)
+        major, _, minor = capability.partition(".")
+        cc = (int(major), int(minor or 0))
+    except ValueError:
+        raise InventoryError(
+            f"GPU layout {spec!r}: in {kind!r} memory must be GiB (16) and capability major.minor (7.0)"
+        ) from None
+    if mib <= 0 or not name:
+        raise InventoryError(f"GPU layout {spec!r}: {kind!r} needs a name and a positive memory size")
+    return name, mib, cc
+
+
+def inventory_from_nvml(nvml: Any = None) -> Inventory:
+    """Every GPU NVML reports, by index. Any NVML failure (no library, no driver, a broken device) yields an
+    empty inventory whose `note` says why, so a CPU-only host plans for the CPU instead of crashing."""
+    host = host_memory_bytes()
+    if nvml is None:
+        try:
+            import pynvml as nvml_module
+        except ImportError as exc:  # nvidia-ml-py not installed
+            return Inventory(source="none", host_memory_bytes=host, note=f"NVML unavailable: {exc}")
+        nvml = nvml_module
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: all mean "no GPUs here"
+        return Inventory(source="none", host_memory_bytes=host, note=f"NVML unavailable: {exc}")
+    try:
+        gpus = tuple(_read_device(nvml, i) for i in range(nvml.nvmlDeviceGetCount()))
+    except Exception as exc:
+        return Inventory(source="none", host_memory_bytes=host, note=f"NVML failed while listing GPUs: {exc}")
+    finally:
+        _quietly(nvml.nvmlShutdown)
+    return Inventory(gpus=gpus, source="nvml" if gpus else "none", host_memory_bytes=host)
+
+
+def _read_device(nvml: Any, index: int) -> GPU:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    return GPU(
+        index=index,
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        total_bytes=int(memory.total),
+        free_bytes=int(memory.free),
+        compute_capability=(int(major), int(minor)),
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception:  # shutting NVML down must never turn a good inventory into an error
+        return
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

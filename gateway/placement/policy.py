@@ -1,0 +1,325 @@
+"""The placement policy: each model climbs DESIGN.md's ladder; models pack onto the GPUs largest first.
+
+Pass 1 gives every model, largest first, the rungs that put it wholly on GPUs: TurboMind FP16 on one GPU
+(KV int8 as a rescue), TurboMind FP16 with tp 2/4/8, TurboMind W4A16, llama.cpp with every layer on GPUs
+at the highest-bit GGUF that fits; first at the configured context, then, where `min_context` allows, at
+the longest shorter session that fits. Pass 2 gives what is left to the models still unplaced: llama.cpp
+partial offload, then the CPU. Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
+into more KV cache. A model that fits nowhere is refused with the closest rung's shortfall in GiB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+from gateway.config import Config, GGUFSource, ModelSpec
+from gateway.placement.estimate import MARGIN_BYTES
+from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
+from gateway.placement.inventory import Inventory
+from gateway.placement.report import ModelDecision, PlacementReport, Rejection
+from gateway.placement.rungs import (
+    LC_CPU,
+    LC_GPU,
+    LC_PARTIAL,
+    TM_FP16,
+    TM_TP,
+    TM_W4A16,
+    Miss,
+    ModelWork,
+    Placed,
+    try_llamacpp_cpu,
+    try_llamacpp_gpu,
+    try_llamacpp_partial,
+    try_turbomind,
+)
+
+SESSION_STEP = 256
+"""Shortened sessions are multiples of this (or min_context itself)."""
+
+Attempt = Callable[[int], "Placed | Miss | list[Miss]"]
+
+
+@dataclass
+class _Entry:
+    spec: ModelSpec
+    work: ModelWork | None = None
+    misses: list[Miss] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    placed: Placed | None = None
+    refusal: str | None = None
+    no_turbomind: bool = False
+    no_llamacpp: bool = False
+    gpu_note: str | None = None
+
+    @property
+    def size(self) -> int:
+        if self.work is None:
+            return 0
+        return max(s.weights_bytes for s in (*self.work.fp16, *self.work.w4a16, *self.work.ggufs))
+
+
+def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
+    """Place every configured model on `inventory`. Never raises for a model that does not fit or whose
+    source is missing: its decision records the refusal and every rejected rung."""
+    ledger = {gpu.index: max(0, gpu.free_bytes - MARGIN_BYTES) for gpu in inventory.gpus}
+    entries = [_prepare(spec, config, inventory) for spec in config.models]
+    order = sorted((e for e in entries if e.work is not None), key=lambda e: -e.size)
+    start_order: list[_Entry] = []
+    for whole in (True, False):
+        for entry in order:
+            if entry.placed is None:
+                placed = _climb(entry, ledger, whole=whole)
+                if placed is not None:
+                    entry.placed = placed
+                    start_order.append(entry)
+                    for index, used in placed.estimate.gpu_bytes.items():
+                        ledger[index] -= used
+    _grow_kv(start_order, ledger)
+    for entry in order:
+        if entry.placed is None:
+            entry.refusal = _refusal(entry)
+    return PlacementReport(
+        inventory=inventory,
+        decisions=[_decision(e) for e in entries],
+        start_order=[e.spec.name for e in start_order],
+    )
+
+
+def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
+    """Inspect the sources, apply the overrides that remove whole engines or sources."""
+    entry = _Entry(spec, gpu_note=inventory.note)
+    infos: list[SourceInfo] = []
+    for source in spec.sources:
+        location = source.gguf if isinstance(source, GGUFSource) else source.hf
+        try:
+            info = inspect_source(source, config.base_dir)
+        except InspectionError as exc:
+            entry.misses.append(Miss("source", f"{location}: {exc}"))
+            continue
+        infos.append(info)
+        entry.warnings.extend(w for w in info.warnings if w not in entry.warnings)
+    if not infos:
+        entry.refusal = "no usable source: " + "; ".join(m.reason for m in entry.misses)
+        return entry
+    fp16 = [s for s in infos if s.format == "hf"]
+    w4a16 = [s for s in infos if s.format in ("awq", "gptq")]
+    ggufs = sorted((s for s in infos if s.format == "gguf"), key=lambda s: -s.bits_per_weight)
+    trained = infos[0].shape.max_context
+    if trained and spec.context > trained:
+        entry.warnings.append(f"context {spec.context} is beyond the {trained} tokens the model was trained on")
+
+    if spec.quant:
+        wanted = spec.quant.lower()
+        if wanted in ("awq", "gptq"):
+            fp16, ggufs, w4a16 = [], [], [s for s in w4a16 if s.format == wanted]
+            entry.no_llamacpp = True
+        else:
+            fp16, w4a16, ggufs = [], [], [s for s in ggufs if (s.quant or "").lower() == wanted]
+            entry.no_turbomind = True
+        if not (fp16 or w4a16 or ggufs):
+            have = ", ".join(sorted({s.quant or s.format for s in infos}))
+            entry.refusal = f"quant: {spec.quant} in the config matches no source (have: {have})"
+            return entry
+        entry.misses.append(Miss("override", f"quant: {spec.quant} in the config: only that source is considered"))
+    if spec.engine == "lmdeploy" or spec.tp is not None:
+        why = "engine: lmdeploy" if spec.engine == "lmdeploy" else f"tp: {spec.tp} (a TurboMind setting)"
+        entry.misses.append(Miss("llamacpp", f"{why} in the config"))
+        entry.no_llamacpp, ggufs = True, []
+    if spec.engine == "llamacpp":
+        entry.misses.append(Miss("turbomind", "engine: llamacpp in the config"))
+        entry.no_turbomind, fp16, w4a16 = True, [], []
+
+    gpus = {g.index: g for g in inventory.gpus}
+    if spec.gpus is not None:
+        missing = [i for i in spec.gpus if i not in gpus]
+        if missing:
+            entry.refusal = f"gpus: {list(spec.gpus)} in the config, but GPU {missing} is not in the inventory " + (
+                f"(it has {', '.join(map(str, gpus))})" if gpus else "(it has no GPUs)"
+            )
+            return entry
+        gpus = {i: gpus[i] for i in spec.gpus}
+        if spec.tp is not None and spec.tp != len(spec.gpus):
+            entry.refusal = f"tp: {spec.tp} but gpus: {list(spec.gpus)} lists {len(spec.gpus)} GPU(s)"
+            return entry
+    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes)
+    return entry
+
+
+def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | None:
+    work = entry.work
+    assert work is not None
+    spec = work.spec
+    budgets = {i: ledger[i] for i in work.gpus}
+    slots = spec.llamacpp.slots or spec.concurrency
+    if not whole:
+        return _first(entry, _fallback_rungs(entry, budgets, slots), spec.context)
+    if not budgets:
+        why = f" ({entry.gpu_note})" if entry.gpu_note else ""
+        entry.misses.append(Miss("gpu", f"no GPUs in the inventory{why}"))
+        return None
+    rungs = list(_whole_rungs(entry, budgets, slots))
+    placed = _first(entry, rungs, spec.context)
+    if placed is not None or spec.min_context is None or spec.min_context >= spec.context:
+        return placed
+    sessions = sorted({spec.min_context, *range(_round_up(spec.min_context), spec.context, SESSION_STEP)})
+    for _rung, attempt in rungs:
+        shorter = _longest(attempt, sessions)
+        if isinstance(shorter, Placed):
+            entry.warnings.append(
+                f"session shortened from {spec.context} to {shorter.plan.context_tokens} tokens "
+                f"(min_context {spec.min_context}) to fit {shorter.rung}"
+            )
+            return shorter
+        for miss in shorter:
+            if miss.shortfall is not None:  # the other reasons were recorded at full context
+                entry.misses.append(Miss(f"{miss.rung} @ {spec.min_context}", miss.reason, miss.shortfall))
+    return None
+
+
+def _whole_rungs(entry: _Entry, budgets: dict[int, int], slots: int) -> Iterator[tuple[str, Attempt]]:
+    """The pass-1 rungs in ladder order; each attempt takes the session length."""
+    work = entry.work
+    assert work is not None
+    spec = work.spec
+    forced_layers = spec.llamacpp.n_gpu_layers
+    if not work.fp16 and not entry.no_turbomind:
+        yield TM_FP16, lambda _session: Miss(TM_FP16, "no HF float16 source")
+    single = spec.tp in (None, 1) and (spec.gpus is None or len(spec.gpus) == 1)
+    for source in work.fp16:
+        if single:
+            yield TM_FP16, partial(try_turbomind, work, TM_FP16, source, budgets, 1)
+        for tp in _tps(spec, budgets):
+            yield TM_TP, partial(try_turbomind, work, TM_TP, source, budgets, tp)
+    if not work.w4a16 and not entry.no_turbomind:
+        yield TM_W4A16, lambda _session: Miss(TM_W4A16, "no AWQ/GPTQ source")
+    for source in work.w4a16:
+        for tp in ([1] if single else []) + _tps(spec, budgets):
+            yield TM_W4A16, partial(try_turbomind, work, TM_W4A16, source, budgets, tp)
+    if not work.ggufs:
+        if not entry.no_llamacpp:
+            yield "llamacpp", lambda _session: Miss("llamacpp", "no GGUF source")
+    elif forced_layers is not None and 0 <= forced_layers <= min(s.shape.n_layers for s in work.ggufs):
+        yield LC_GPU, lambda _session: Miss(LC_GPU, f"n_gpu_layers: {forced_layers} in the config")
+    else:
+        yield LC_GPU, lambda s: try_llamacpp_gpu(work, budgets, s, slots)
+
+
+def _fallback_rungs(entry: _Entry, budgets: dict[int, int], slots: int) -> list[tuple[str, Attempt]]:
+    work = entry.work
+    assert work is not None
+    if not work.ggufs:
+        return []
+    forced = work.spec.llamacpp.n_gpu_layers
+    rungs: list[tuple[str, Attempt]] = []
+    if forced == -1:
+        entry.misses.append(Miss(LC_PARTIAL, "n_gpu_layers: -1 in the config (all layers or nothing)"))
+    elif forced == 0:
+        entry.misses.append(Miss(LC_PARTIAL, "n_gpu_layers: 0 in the config"))
+    elif budgets:
+        rungs.append((LC_PARTIAL, lambda s: try_llamacpp_partial(work, budgets, s, slots)))
+    if forced not in (None, 0):
+        entry.misses.append(Miss(LC_CPU, f"n_gpu_layers: {forced} in the config"))
+    elif work.spec.gpus is not None:
+        entry.misses.append(Miss(LC_CPU, f"gpus: {list(work.spec.gpus)} in the config"))
+    else:
+        rungs.append((LC_CPU, lambda s: try_llamacpp_cpu(work, s, slots)))
+    return rungs
+
+
+def _tps(spec: ModelSpec, budgets: dict[int, int]) -> list[int]:
+    """Tensor-parallel sizes to try: the configured tp, else all the configured GPUs, else 2, 4, 8."""
+    if spec.tp is not None:
+        return [spec.tp] if spec.tp > 1 else []
+    if spec.gpus is not None:
+        return [len(spec.gpus)] if len(spec.gpus) > 1 else []
+    return [tp for tp in (2, 4, 8) if tp <= len(budgets)]
+
+
+def _first(entry: _Entry, rungs: list[tuple[str, Attempt]], session: int) -> Placed | None:
+    for _rung, attempt in rungs:
+        result = attempt(session)
+        if isinstance(result, Placed):
+            entry.misses.extend(result.skipped)
+            return result
+        entry.misses.extend(result if isinstance(result, list) else [result])
+    return None
+
+
+def _longest(attempt: Attempt, sessions: list[int]) -> Placed | list[Miss]:
+    """The longest of `sessions` (ascending) that fits, or the misses at the shortest."""
+    shortest = attempt(sessions[0])
+    if not isinstance(shortest, Placed):
+        return shortest if isinstance(shortest, list) else [shortest]
+    best, lo, hi = shortest, 1, len(sessions) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        result = attempt(sessions[mid])
+        if isinstance(result, Placed):
+            best, lo = result, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _round_up(n: int) -> int:
+    return -(-n // SESSION_STEP) * SESSION_STEP
+
+
+def _grow_kv(started: list[_Entry], ledger: dict[int, int]) -> None:
+    """Spare memory becomes KV cache for TurboMind workers alone on their GPUs (shared GPUs keep it free)."""
+    users: dict[int, int] = {}
+    for entry in started:
+        assert entry.placed is not None
+        for index in entry.placed.estimate.gpu_bytes:
+            users[index] = users.get(index, 0) + 1
+    for entry in started:
+        placed = entry.placed
+        assert placed is not None
+        if placed.regrow is None:
+            continue
+        mine = placed.estimate.gpu_bytes
+        if any(users[i] > 1 for i in mine):
+            entry.warnings.append("GPU shared with another model: the KV cache is kept to the target")
+            continue
+        grown = placed.regrow({i: ledger[i] + used for i, used in mine.items()})
+        if grown is not None:
+            for index, used in mine.items():
+                ledger[index] += used - grown.estimate.gpu_bytes[index]
+            entry.placed = grown
+
+
+def _refusal(entry: _Entry) -> str:
+    sized = [m for m in entry.misses if m.shortfall is not None]
+    hint = ""
+    work = entry.work
+    if work is not None and not work.ggufs and not entry.no_llamacpp:
+        hint = "; a GGUF source would let llama.cpp offload part of it or run it on the CPU"
+    if not sized:
+        return "no rung applies: " + "; ".join(f"{m.rung}: {m.reason}" for m in entry.misses) + hint
+    closest = min(sized, key=lambda m: m.shortfall.gib if m.shortfall else 0.0)
+    assert closest.shortfall is not None
+    return (
+        f"fits nowhere: short by {closest.shortfall.gib:.1f} GiB on the closest option, "
+        f"{closest.rung} ({closest.reason}){hint}"
+    )
+
+
+def _decision(entry: _Entry) -> ModelDecision:
+    rejected = [Rejection(m.rung, m.reason) for m in entry.misses]
+    placed = entry.placed
+    if placed is None:
+        return ModelDecision(
+            model=entry.spec.name, rejected=rejected, warnings=entry.warnings, refusal=entry.refusal or "not placed"
+        )
+    return ModelDecision(
+        model=entry.spec.name,
+        plan=placed.plan,
+        rung=placed.rung,
+        source=placed.source.describe(),
+        estimate=placed.estimate,
+        rejected=rejected,
+        warnings=[*entry.warnings, *(w for w in placed.warnings if w not in entry.warnings)],
+        notes=list(placed.notes),
+    )

@@ -1,0 +1,131 @@
+"""The placement report (one decision per model, JSON via pydantic) and its rich table for `voltgate plan`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from backends.base import DeploymentPlan, EngineName
+from gateway.placement.estimate import MemoryEstimate
+from gateway.placement.inventory import GIB, Inventory
+
+
+class Rejection(NamedTuple):
+    """A rung that was tried (or ruled out) and why; unpacks as `(rung, reason)`."""
+
+    rung: str
+    reason: str
+
+
+class ModelDecision(BaseModel):
+    """Where one model runs and why, or why it runs nowhere (`plan` None, `refusal` says what it would need)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    plan: DeploymentPlan | None = None
+    rung: str | None = Field(default=None, description="the ladder rung that placed it")
+    source: str | None = Field(default=None, description="the source chosen, described")
+    estimate: MemoryEstimate | None = Field(default=None, description="of the chosen plan, or the closest miss")
+    rejected: list[Rejection] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="why the chosen plan looks the way it does")
+    refusal: str | None = None
+
+
+class PlacementReport(BaseModel):
+    """Every model's decision in config order; `start_order` is the order workers must start in (and
+    become ready in, one after another) when they share GPUs: TurboMind sizes its KV cache from the
+    memory free when it starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inventory: Inventory
+    decisions: list[ModelDecision]
+    start_order: list[str] = Field(default_factory=list)
+
+    @property
+    def plans(self) -> list[DeploymentPlan]:
+        """The placed models' plans, in start order."""
+        placed = {d.model: d.plan for d in self.decisions if d.plan is not None}
+        return [placed[name] for name in self.start_order if name in placed]
+
+    def decision(self, model: str) -> ModelDecision:
+        return next(d for d in self.decisions if d.model == model)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _inventory_line(inventory: Inventory) -> str:
+    if not inventory.gpus:
+        why = f" ({inventory.note})" if inventory.note else ""
+        return f"no GPUs{why}: models run on the CPU"
+    parts = [gpu.describe() for gpu in inventory.gpus]
+    kind = "simulated" if inventory.source == "simulated" else "NVML"
+    return f"{kind}: " + "; ".join(parts)
+
+
+def _precision(plan: DeploymentPlan) -> str:
+    if plan.engine is EngineName.LMDEPLOY:
+        weights = f"{plan.quant} w4a16" if plan.quant else plan.dtype
+        kv = {0: "", 8: ", KV int8", 4: ", KV int4"}[plan.quant_policy]
+        return weights + kv
+    return plan.quant or "gguf"
+
+
+def _where(plan: DeploymentPlan) -> str:
+    if plan.engine is EngineName.LLAMACPP and plan.n_gpu_layers == 0:
+        return "CPU"
+    gpus = ",".join(map(str, plan.gpu_indices)) or "-"
+    if plan.engine is EngineName.LLAMACPP and plan.n_gpu_layers > 0:
+        return f"{gpus} ({plan.n_gpu_layers} layers)"
+    return f"{gpus} (tp {plan.tp})" if plan.tp > 1 else gpus
+
+
+def _memory(estimate: MemoryEstimate) -> Text:
+    lines = [f"{name} {value:.2f}" for name, value in estimate.terms_gib.items() if value]
+    lines += [f"on GPU {i}: {_gib(n)}" for i, n in sorted(estimate.gpu_bytes.items())]
+    if estimate.host_bytes:
+        lines.append(f"in host: {_gib(estimate.host_bytes)}")
+    return Text("\n".join(lines))
+
+
+def render_plan_table(report: PlacementReport, console: Console) -> None:
+    """Print the plan: one row per model (engine and precision, source, GPUs and tp, context x sequences,
+    memory by term in GiB), then each model's rejected rungs, warnings and notes."""
+    table = Table(title="voltgate placement", caption=_inventory_line(report.inventory), show_lines=True)
+    for column in ("model", "engine", "source", "GPUs", "ctx x seqs", "memory (GiB)"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("GPUs", "ctx x seqs"))
+    for d in report.decisions:
+        plan = d.plan
+        if plan is None:
+            table.add_row(d.model, Text("refused", style="bold red"), "", "", "", "see below")
+            continue
+        engine = "TurboMind" if plan.engine is EngineName.LMDEPLOY else "llama.cpp"
+        table.add_row(
+            d.model,
+            Text(engine, style="bold green") + Text("\n" + _precision(plan)),
+            plan.source_path.name,
+            _where(plan),
+            f"{plan.context_tokens} x {plan.slots}",
+            _memory(d.estimate) if d.estimate else "",
+        )
+    console.print(table)
+    for d in report.decisions:
+        console.print(Text(d.model, style="bold"))
+        for rung, reason in d.rejected:
+            console.print(Text(f"  x {rung}: ", style="dim") + Text(reason, style="dim"))
+        for warning in d.warnings:
+            console.print(Text(f"  ! {warning}", style="yellow"))
+        for note in d.notes:
+            console.print(Text(f"  - {note}"))
+        if d.refusal:
+            console.print(Text(f"  refused: {d.refusal}", style="red"))
+    if len(report.start_order) > 1:
+        console.print(Text("start order: " + " -> ".join(report.start_order), style="dim"))

@@ -1,0 +1,384 @@
+"""The ladder's rungs: each tries one way to run a model on the memory left and returns a plan or why not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from backends.base import DeploymentPlan, EngineName
+from gateway.config import ModelSpec
+from gateway.placement.estimate import (
+    MARGIN_BYTES,
+    LlamaCppFit,
+    MemoryEstimate,
+    Shortfall,
+    TurboMindFit,
+    fit_llamacpp,
+    fit_turbomind,
+    gib,
+)
+from gateway.placement.inspection import SourceInfo
+from gateway.placement.inventory import GPU
+
+TM_FP16 = "turbomind-fp16"
+TM_TP = "turbomind-fp16-tp"
+TM_W4A16 = "turbomind-w4a16"
+LC_GPU = "llamacpp-gpu"
+LC_PARTIAL = "llamacpp-partial"
+LC_CPU = "llamacpp-cpu"
+
+# Architectures TurboMind (lmdeploy >= 0.6) loads; anything else goes to llama.cpp.
+TURBOMIND_ARCHITECTURES = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "InternLMForCausalLM",
+        "InternLM2ForCausalLM",
+        "InternLM3ForCausalLM",
+        "BaichuanForCausalLM",
+        "BaiChuanForCausalLM",
+        "DeepseekV2ForCausalLM",
+    }
+)
+HOST_MEMORY_FRACTION = 0.9
+"""A CPU plan may use this much of host memory; beyond it the mmapped weights thrash."""
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A rung that fits: the plan, its estimate, and what a person should know about it."""
+
+    rung: str
+    plan: DeploymentPlan
+    estimate: MemoryEstimate
+    source: SourceInfo
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    skipped: tuple[Miss, ...] = ()
+    """Options of this rung passed over on the way (a higher-bit GGUF that did not fit)."""
+    regrow: Callable[[dict[int, int]], Placed | None] | None = field(default=None, compare=False)
+    """TurboMind only: the same placement with spare memory turned into KV cache, given the budgets."""
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A rung that does not fit or is not allowed, and why (`shortfall` when memory is the reason)."""
+
+    rung: str
+    reason: str
+    shortfall: Shortfall | None = None
+
+
+@dataclass
+class ModelWork:
+    """One model while it is being placed: its config, its inspected sources, the GPUs it may use."""
+
+    spec: ModelSpec
+    fp16: list[SourceInfo]
+    w4a16: list[SourceInfo]
+    ggufs: list[SourceInfo]
+    gpus: dict[int, GPU]
+    host_memory_bytes: int | None
+
+
+# --- TurboMind -------------------------------------------------------------------------------------------
+
+
+def turbomind_unsupported(source: SourceInfo, tp: int, spec: ModelSpec) -> str | None:
+    """Why TurboMind cannot run this source at this tp on Volta, or None."""
+    shape = source.shape
+    if shape.architecture not in TURBOMIND_ARCHITECTURES:
+        return f"TurboMind does not support {shape.architecture}"
+    if shape.head_dim not in (64, 128):
+        return f"head_dim {shape.head_dim}: TurboMind on Volta needs 64 or 128"
+    policy = spec.lmdeploy.quant_policy
+    if policy in (4, 8) and shape.head_dim != 128:
+        return f"quant_policy {policy} (KV int{policy}) needs head_dim 128, this model has {shape.head_dim}"
+    if tp & (tp - 1):
+        return f"tp {tp}: TurboMind needs a power of two"
+    if tp > 1 and (shape.n_heads % tp or shape.n_kv_heads % tp):
+        return f"tp {tp} must divide {shape.n_heads} heads and {shape.n_kv_heads} KV heads"
+    quant = source.quant_config
+    if source.format in ("awq", "gptq") and quant is not None:
+        if quant.bits != 4 or quant.group_size != 128:
+            got = f"{quant.bits} bits, group {quant.group_size}"
+            return f"{source.format} with {got}: TurboMind needs 4 bits, group 128"
+        if source.format == "awq" and quant.version not in (None, "gemm"):
+            return f"AWQ version {quant.version}: TurboMind needs version gemm"
+        if source.format == "gptq" and (quant.sym is False or quant.desc_act):
+            return "GPTQ with desc_act or asymmetric quantization: TurboMind needs sym and no desc_act"
+    return None
+
+
+def _dtype(source: SourceInfo, gpus: list[GPU]) -> tuple[str, list[str]]:
+    declared = (source.torch_dtype or "float16").lower()
+    if declared == "bfloat16":
+        if all(g.supports_bf16 for g in gpus):
+            return "auto", []
+        return "float16", [
+            "bfloat16 checkpoint: Volta has no BF16, so it runs as float16; values beyond +-65504 overflow "
+            "(watch for inf/NaN or garbage output)"
+        ]
+    if declared == "float32":
+        return "float16", ["float32 checkpoint is loaded as float16"]
+    return "float16", []
+
+
+def turbomind_gpu_sets(work: ModelWork, budgets: dict[int, int], tp: int) -> list[tuple[int, ...]]:
+    """tp 1: every usable GPU, tightest fit first. tp > 1: per kind of identical GPUs, the `tp` roomiest."""
+    usable = [work.gpus[i] for i in budgets if work.gpus[i].compute_capability >= (7, 0)]
+    if tp == 1:
+        return [(g.index,) for g in sorted(usable, key=lambda g: (budgets[g.index], g.index))]
+    kinds: dict[tuple[str, int, tuple[int, int]], list[GPU]] = {}
+    for gpu in usable:
+        kinds.setdefault(gpu.kind, []).append(gpu)
+    sets = []
+    for group in kinds.values():
+        if len(group) >= tp:
+            best = sorted(group, key=lambda g: -budgets[g.index])[:tp]
+            sets.append(tuple(sorted(g.index for g in best)))
+    return sets
+
+
+def try_turbomind(
+    work: ModelWork, rung: str, source: SourceInfo, budgets: dict[int, int], tp: int, session: int
+) -> Placed | Miss:
+    """TurboMind for one source at one tp and session length, with KV int8 as the rescue where allowed."""
+    spec = work.spec
+    problem = turbomind_unsupported(source, tp, spec)
+    if problem:
+        return Miss(rung, problem)
+    sets = turbomind_gpu_sets(work, budgets, tp)
+    if not sets:
+        return Miss(rung, f"needs {tp} identical GPUs with room (sm70+); the inventory has none such")
+    forced = spec.lmdeploy.quant_policy
+    policies = [forced] if forced is not None else [0, 8] if source.shape.head_dim == 128 else [0]
+    closest: Shortfall | None = None
+    for policy in policies:
+        for gpus in sets:
+            fit = _fit_tm(work, source, budgets, gpus, session, policy, extra_kv=False)
+            if isinstance(fit, TurboMindFit):
+                notes = []
+                if policy == 8 and forced is None and closest is not None:
+                    notes.append(f"KV int8 (quant_policy 8): with fp16 KV it is short by {closest.gib:.2f} GiB")
+                return _tm_placed(work, rung, source, gpus, fit, notes, tp, session)
+            if policy == policies[0] and (closest is None or fit.gib < closest.gib):
+                closest = fit
+    assert closest is not None
+    return Miss(rung, f"{'tp ' + str(tp) + ': ' if tp > 1 else ''}{closest.why}", closest)
+
+
+def _fit_tm(
+    work: ModelWork,
+    source: SourceInfo,
+    budgets: dict[int, int],
+    gpus: tuple[int, ...],
+    session: int,
+    policy: int,
+    *,
+    extra_kv: bool,
+) -> TurboMindFit | Shortfall:
+    spec = work.spec
+    return fit_turbomind(
+        source,
+        gpu_indices=gpus,
+        free_bytes=min(budgets[i] for i in gpus) + MARGIN_BYTES,
+        session_len=session,
+        concurrency=spec.concurrency,
+        quant_policy=policy,
+        max_batch_size=spec.lmdeploy.max_batch_size,
+        cache_ratio=spec.lmdeploy.cache_max_entry_count,
+        prefill_tokens=spec.lmdeploy.max_prefill_token_num,
+        extra_kv=extra_kv,
+    )
+
+
+def _tm_placed(
+    work: ModelWork,
+    rung: str,
+    source: SourceInfo,
+    gpus: tuple[int, ...],
+    fit: TurboMindFit,
+    notes: list[str],
+    tp: int,
+    session: int,
+) -> Placed:
+    spec = work.spec
+    dtype, warnings = _dtype(source, [work.gpus[i] for i in gpus])
+    plan = DeploymentPlan(
+        model=spec.name,
+        engine=EngineName.LMDEPLOY,
+        source_path=source.path,
+        model_format=source.format,
+        quant=source.quant,
+        dtype="auto" if dtype == "auto" else "float16",
+        gpu_indices=gpus,
+        tp=tp,
+        context_tokens=fit.session_len,
+        slots=fit.max_batch_size,
+        cache_max_entry_count=fit.cache_max_entry_count,
+        quant_policy=0 if fit.quant_policy == 0 else 8 if fit.quant_policy == 8 else 4,
+        max_batch_size=fit.max_batch_size,
+        llamacpp=spec.llamacpp,
+        lmdeploy=spec.lmdeploy,
+    )
+    notes = [
+        *notes,
+        f"KV cache {gib(fit.estimate.kv_cache_bytes)} holds {fit.sessions_in_cache} full {session}-token "
+        f"session(s); max_batch_size {fit.max_batch_size}; cache_max_entry_count {fit.cache_max_entry_count} "
+        "of the memory free after the weights",
+    ]
+
+    def regrow(budgets: dict[int, int]) -> Placed | None:
+        more = _fit_tm(work, source, budgets, gpus, session, fit.quant_policy, extra_kv=True)
+        if not isinstance(more, TurboMindFit) or more.estimate.kv_cache_bytes <= fit.estimate.kv_cache_bytes:
+            return None
+        return _tm_placed(work, rung, source, gpus, more, notes[:-1], tp, session)
+
+    return Placed(rung, plan, fit.estimate, source, tuple(notes), tuple(warnings), regrow=regrow)
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------------
+
+
+def _llamacpp_plan(work: ModelWork, source: SourceInfo, fit: LlamaCppFit, context: int, slots: int) -> DeploymentPlan:
+    spec = work.spec
+    return DeploymentPlan(
+        model=spec.name,
+        engine=EngineName.LLAMACPP,
+        source_path=source.path,
+        model_format="gguf",
+        quant=source.quant,
+        dtype="auto",
+        gpu_indices=tuple(sorted(fit.layers_per_gpu)),
+        tp=1,
+        context_tokens=context,
+        slots=slots,
+        n_gpu_layers=fit.n_gpu_layers,
+        llamacpp=spec.llamacpp,
+        lmdeploy=spec.lmdeploy,
+    )
+
+
+def _layers_note(source: SourceInfo, fit: LlamaCppFit) -> str:
+    where = ", ".join(f"GPU {i}: {n}" for i, n in sorted(fit.layers_per_gpu.items()))
+    total = source.shape.n_layers
+    if fit.n_gpu_layers == -1:
+        return f"all {total} layers and the output head on the GPU ({where})"
+    return f"{fit.n_gpu_layers} of {total} layers on the GPU ({where}); the rest run on the CPU"
+
+
+def try_llamacpp_gpu(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:
+    """Every layer on GPUs, the highest-bit GGUF first; one GPU (tightest fit) before two, before more
+    (or exactly the configured GPUs)."""
+    misses: list[Miss] = []
+    by_room = sorted(budgets, key=lambda i: -budgets[i])
+    sets: list[tuple[int, ...]] = [(i,) for i in sorted(budgets, key=lambda i: (budgets[i], i))]
+    sets += [tuple(sorted(by_room[:n])) for n in range(2, len(by_room) + 1)]
+    if work.spec.gpus is not None:  # the configured GPUs, all of them
+        sets = [tuple(sorted(budgets))]
+    for source in work.ggufs:
+        closest: Shortfall | None = None
+        for gpus in sets:
+            fit = _fit_lc(work, source, {i: budgets[i] for i in gpus}, context, slots, source.shape.n_layers + 1)
+            if isinstance(fit, LlamaCppFit):
+                plan = _llamacpp_plan(work, source, fit, context, slots)
+                return Placed(LC_GPU, plan, fit.estimate, source, (_layers_note(source, fit),), skipped=tuple(misses))
+            if closest is None or fit.gib < closest.gib:
+                closest = fit
+        assert closest is not None
+        misses.append(Miss(LC_GPU, f"{source.quant}: {closest.why}", closest))
+    return misses
+
+
+def try_llamacpp_partial(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:
+    """As many layers as fit on all GPUs with room; of several GGUFs the one leaving the fewest weight
+    bytes on the CPU (decode speed is bounded by the CPU's share)."""
+    forced = work.spec.llamacpp.n_gpu_layers
+    best: tuple[int, float, Placed] | None = None
+    misses: list[Miss] = []
+    for source in work.ggufs:
+        n_layers = source.shape.n_layers
+        candidates = [min(forced, n_layers)] if forced else list(range(n_layers, 0, -1))
+        fit = _largest_fit(work, source, budgets, context, slots, candidates)
+        if isinstance(fit, Shortfall):
+            misses.append(Miss(LC_PARTIAL, f"{source.quant}: not one layer fits: {fit.why}", fit))
+            continue
+        host_weights = fit.estimate.weights_bytes - sum(source.layer_bytes[n_layers - fit.n_gpu_layers :])
+        placed = Placed(
+            LC_PARTIAL,
+            _llamacpp_plan(work, source, fit, context, slots),
+            fit.estimate,
+            source,
+            (_layers_note(source, fit), f"{gib(host_weights)} of weights stay in host memory"),
+        )
+        host_miss = _host_check(work, placed)
+        if host_miss:
+            misses.append(host_miss)
+            continue
+        key = (host_weights, -source.bits_per_weight)
+        if best is None or key < best[:2]:
+            best = (host_weights, -source.bits_per_weight, placed)
+    return replace(best[2], skipped=tuple(misses)) if best else misses
+
+
+def _largest_fit(
+    work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int, candidates: list[int]
+) -> LlamaCppFit | Shortfall:
+    """The first candidate layer count (descending) that fits; binary search, since fit is monotone."""
+    lo, hi, found = 0, len(candidates) - 1, None
+    last: Shortfall | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        fit = _fit_lc(work, source, budgets, context, slots, candidates[mid])
+        if isinstance(fit, LlamaCppFit):
+            found, hi = fit, mid - 1
+        else:
+            last, lo = fit, mid + 1
+    if found is not None:
+        return found
+    assert last is not None
+    return last
+
+
+def try_llamacpp_cpu(work: ModelWork, context: int, slots: int) -> Placed | list[Miss]:
+    """Everything in host memory, the highest-bit GGUF that host memory holds."""
+    misses: list[Miss] = []
+    for source in work.ggufs:
+        fit = _fit_lc(work, source, {}, context, slots, 0)
+        assert isinstance(fit, LlamaCppFit)
+        placed = Placed(
+            LC_CPU,
+            _llamacpp_plan(work, source, fit, context, slots),
+            fit.estimate,
+            source,
+            (f"{gib(fit.estimate.host_bytes)} of host memory (weights are memory-mapped)",),
+        )
+        miss = _host_check(work, placed)
+        if miss is None:
+            return replace(placed, skipped=tuple(misses))
+        misses.append(miss)
+    return misses
+
+
+def _host_check(work: ModelWork, placed: Placed) -> Miss | None:
+    host = work.host_memory_bytes
+    need = placed.estimate.host_bytes
+    if host is None or need <= host * HOST_MEMORY_FRACTION:
+        return None
+    have = int(host * HOST_MEMORY_FRACTION)
+    why = f"{placed.source.quant}: needs {gib(need)} of host memory, {gib(have)} usable"
+    return Miss(placed.rung, why, Shortfall(need, have, why))
+
+
+def _fit_lc(
+    work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int, n_offload: int
+) -> LlamaCppFit | Shortfall:
+    return fit_llamacpp(
+        source, budgets=budgets, n_ctx_total=context * slots, n_batch=work.spec.llamacpp.n_batch, n_offload=n_offload
+    )
