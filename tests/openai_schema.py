@@ -14,9 +14,27 @@ from referencing.jsonschema import DRAFT202012
 SCHEMAS = Path(__file__).parent / "schemas" / "openai.json"
 
 
+def _nullable_to_json_schema(node: Any) -> Any:
+    """OpenAI's document still marks optional-null fields with OpenAPI 3.0's `nullable: true`; JSON Schema
+    spells that as a "null" type (and a None enum member)."""
+    if isinstance(node, list):
+        return [_nullable_to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _nullable_to_json_schema(v) for k, v in node.items() if k != "nullable"}
+    if node.get("nullable") is True:
+        if isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        if isinstance(out.get("enum"), list) and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
+        if "$ref" in out or "allOf" in out or "anyOf" in out or "oneOf" in out:
+            out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
 @cache
 def _validator(name: str) -> Draft202012Validator:
-    document = json.loads(SCHEMAS.read_text())
+    document = _nullable_to_json_schema(json.loads(SCHEMAS.read_text()))
     registry: Registry = Registry().with_resource("urn:openai", DRAFT202012.create_resource(document))
     return Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=registry)
 

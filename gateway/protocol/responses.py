@@ -44,7 +44,6 @@ class ChatCompletion(_Out):
     model: str
     choices: list[ChatChoice]
     usage: CompletionUsage | None = None
-    system_fingerprint: str | None = None
 
 
 class ChunkDelta(_Out):
@@ -83,7 +82,6 @@ class Completion(_Out):
     model: str
     choices: list[CompletionChoice]
     usage: CompletionUsage | None = None
-    system_fingerprint: str | None = None
 
 
 class Model(_Out):

@@ -1,0 +1,124 @@
+"""Text on both sides of the model: chat templates in, incremental detokenization and stop strings out."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# llama.cpp's own fallback when a GGUF carries no `tokenizer.chat_template`.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(Exception):
+    """The model's chat template refused the conversation (e.g. `raise_exception` on role order)."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise ChatTemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A Hugging Face style Jinja chat template, rendered in a sandbox like `transformers` does."""
+
+    def __init__(self, source: str, *, bos_token: str, eos_token: str) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        self._template = env.from_string(source)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The prompt text for `messages`, ending with the assistant's generation prompt."""
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+class Utf8Stream:
+    """Joins token byte pieces into text without ever splitting a multi-byte character.
+
+    A token may end in the middle of a UTF-8 sequence; those bytes wait for the next piece. Invalid
+    bytes become U+FFFD. A character still incomplete when generation ends (max_tokens cut it) is
+    dropped rather than shown as U+FFFD.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, piece: bytes) -> str:
+        return str(self._decoder.decode(piece))
+
+    def flush(self) -> str:
+        self._decoder.reset()
+        return ""
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What may be sent now, and whether a stop string ended the text."""
+
+    text: str
+    stopped: bool
+
+
+class StopMatcher:
+    """Finds stop strings in generated text and holds back anything that might be the start of one.
+
+    Text is released only once it can no longer become part of a stop string, so a stream never shows
+    a partial stop string that later has to be retracted. The stop string itself is never released.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def push(self, text: str) -> StopResult:
+        if not self._stops:
+            return StopResult(text, stopped=False)
+        buffer = self._held + text
+        first = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
+        if first >= 0:
+            self._held = ""
+            return StopResult(buffer[:first], stopped=True)
+        keep = self._partial_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :]
+        return StopResult(buffer[: len(buffer) - keep], stopped=False)
+
+    def flush(self) -> str:
+        """The held-back text, when generation ends for a reason other than a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+    def _partial_suffix(self, buffer: str) -> int:
+        """Length of the longest suffix of `buffer` that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

@@ -1,0 +1,142 @@
+"""`python -m backends.llamacpp.worker`: one GGUF model, many concurrent users, one OpenAI-style HTTP port."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from backends.llamacpp.native import ContextOptions
+from backends.llamacpp.server import WorkerSpec, create_app
+
+log = logging.getLogger("voltgate.worker")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m backends.llamacpp.worker", description=__doc__)
+    p.add_argument("--model", required=True, type=Path, help="GGUF file")
+    p.add_argument("--model-name", required=True, help="the name clients use in `model`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--ctx", required=True, type=_positive, help="context tokens per slot (per sequence)")
+    p.add_argument("--slots", required=True, type=_positive, help="sequences decoded together")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to the GPU (-1 = all)")
+    p.add_argument(
+        "--n-threads",
+        type=_positive,
+        default=None,
+        help="CPU threads (default: half the logical cores, i.e. the physical ones on SMT machines)",
+    )
+    p.add_argument("--n-batch", type=_positive, default=512, help="tokens per decode step (prefill chunk budget)")
+    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="disable flash attention")
+    p.add_argument("--max-queue", type=_non_negative, default=64, help="requests waiting for a slot before 429")
+    p.add_argument(
+        "--cache-type",
+        choices=["auto", "f16", "bf16", "q8_0", "f32"],
+        default="auto",
+        help="KV cache type; auto = bf16 on CPU (batch-invariant numerics), f16 when layers are on a GPU",
+    )
+    p.add_argument(
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="one KV buffer shared by all slots instead of one stream per slot (default); unified breaks "
+        "batch-invariance, since a sequence's cells stop being in position order",
+    )
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
+    cache_type = args.cache_type
+    if cache_type == "auto":
+        cache_type = "bf16" if args.n_gpu_layers == 0 else "f16"
+    return WorkerSpec(
+        model_path=args.model,
+        model_name=args.model_name,
+        context=ContextOptions(
+            n_ctx_per_seq=args.ctx,
+            n_seq_max=args.slots,
+            n_batch=max(args.n_batch, args.slots),
+            n_threads=args.n_threads or max(1, (os.cpu_count() or 2) // 2),
+            n_gpu_layers=args.n_gpu_layers,
+            flash_attn=args.flash_attn,
+            kv_unified=args.kv_unified,
+            cache_type=cache_type,
+        ),
+        max_queue=args.max_queue,
+    )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: a stop signal also ends in-flight requests at once (each gets an error event)."""
+
+    def __init__(self, config: uvicorn.Config, begin_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._begin_shutdown = begin_shutdown
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._begin_shutdown()
+        super().handle_exit(sig, frame)
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("worker: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging()
+    spec = spec_from_args(args)
+    if not spec.model_path.is_file():
+        log.error("model file %s not found", spec.model_path)
+        return 2
+    failure: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        failure.append(reason)
+        server.should_exit = True
+
+    app = create_app(spec, on_fatal)
+    config = uvicorn.Config(
+        app.asgi,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = _Server(config, app.begin_shutdown)
+    log.info("listening on http://%s:%d, loading %s", args.host, args.port, spec.model_path)
+    server.run()
+    if failure:
+        log.error("exiting: %s", failure[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
