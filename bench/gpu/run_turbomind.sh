@@ -5,6 +5,7 @@
 #    the background (for run_llamacpp.sh), 2. makes the random-weight Llama-2-7B-shaped model,
 # 3. holds the H200's memory to a V100-32GB's (32,510 MiB free), runs `voltgate plan` and `voltgate serve`
 #    (the plan sends the model to TurboMind FP16), the SDK smoke scenarios and the load sweep through the gateway,
+#    (SMOKE_ONLY=1 skips the load sweep; GGUF=0 skips the background GGUF preparation)
 # 4. holds both GPUs to 16,160 MiB free (2x V100-16GB) and does the same with the plan's tensor parallelism.
 set -uo pipefail
 R=${1:?results dir}; mkdir -p "$R"
@@ -14,7 +15,7 @@ stamp() { echo "== [$(date +%T) +${SECONDS}s] $*"; }
 stamp start; nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
 
 [[ -f $G/env.sh ]] || bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$R/setup_lmdeploy.log" 2>&1 || { stamp "setup failed"; tail -30 "$R/setup_lmdeploy.log"; exit 1; }
-if [[ ! -f $G/llama_build.rc ]] && ! pgrep -f "setup_device.sh .gpu/pack llama" > /dev/null; then
+if [[ ${GGUF:-1} == 1 && ! -f $G/llama_build.rc ]] && ! pgrep -f "setup_device.sh .gpu/pack llama" > /dev/null; then
   setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" > /dev/null 2>&1 &
 fi
 source "$G/env.sh"
@@ -27,7 +28,7 @@ python3 -c "import lmdeploy, gateway, backends; print('lmdeploy', lmdeploy.__ver
 [[ -f $G/models/7b/config.json ]] || { stamp "make model 7b"; python3 .gpu/make_model.py $G/models/7b --shape 7b > "$R/make_model.log" 2>&1; }
 stamp "model ready"
 # GGUF conversion waits for the llama.cpp build, in the background, for run_llamacpp.sh.
-[[ -f $G/gguf/ready ]] || pgrep -f prepare_gguf.sh > /dev/null || setsid nohup nice -n 5 bash bench/gpu/prepare_gguf.sh > $G/prepare_gguf.log 2>&1 < /dev/null &
+[[ ${GGUF:-1} == 0 || -f $G/gguf/ready ]] || pgrep -f prepare_gguf.sh > /dev/null || setsid nohup nice -n 5 bash bench/gpu/prepare_gguf.sh > $G/prepare_gguf.log 2>&1 < /dev/null &
 
 serve_and_test() {  # $1 = label, $2 = --gpus layout, $3 = concurrency list
   local label=$1 gpus=$2
@@ -43,9 +44,9 @@ serve_and_test() {  # $1 = label, $2 = --gpus layout, $3 = concurrency list
   done
   if curl -sf http://127.0.0.1:8000/ready > /dev/null; then
     stamp "$label ready"
-    nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader | tee "$R/gpu_mem_$label.txt"
+    { nvidia-smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; } | tee "$R/gpu_mem_$label.txt"
     python3 -m bench.gpu.smoke --model llama2-7b --concurrency 32 | tee "$R/smoke_$label.jsonl"
-    python3 -m bench.loadgen --base-url http://127.0.0.1:8000/v1 --model llama2-7b --endpoint completions \
+    [[ ${SMOKE_ONLY:-0} == 1 ]] || python3 -m bench.loadgen --base-url http://127.0.0.1:8000/v1 --model llama2-7b --endpoint completions \
       --prompt-tokens 128 --output-tokens 256 --concurrency $3 --label "turbomind-fp16-$label" \
       --notes "H200 with memory held to $gpus; random-weight Llama-2-7B shape; through voltgate" \
       --output "$R/loadgen_$label.json" 2>&1 | tail -15
@@ -67,6 +68,6 @@ if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then
   python3 .gpu/hold_memory.py --leave-free-mib 16160 --device 1 > "$R/hold1.log" 2>&1 & H1=$!
   sleep 8; cat "$R/hold0.log" "$R/hold1.log"
   serve_and_test 2xv100-16gb 2xv100-16gb "1 8 16"
-  kill $H0 $H1; wait 2> /dev/null
+  kill $H0 $H1; wait $H0 $H1 2> /dev/null
 fi
 stamp end
