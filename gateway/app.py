@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
@@ -26,6 +27,7 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response, internal_error
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from gateway.openapi import install_openapi
 from gateway.routes import inference, models, ops
 from gateway.routes.context import AppContext
 from gateway.service import Service
@@ -102,7 +104,16 @@ def create_app(
     app.include_router(models.router)
     app.include_router(ops.router)
     _install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
+    if config.server.cors_origins:  # browser frontends served from another origin
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.server.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "openai-processing-ms", "retry-after"],
+        )
     app.add_middleware(RequestIdMiddleware)
     return app
 
@@ -124,8 +135,9 @@ def _deployment(
 
     worker = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state)
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
+    metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
-    admission = Admission(plan.model, capacity, spec.llamacpp.max_queue, config.server.queue_timeout_s)
+    admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
     return Deployment(spec.name, spec.aliases, plan, adapter, worker, admission)
 
 

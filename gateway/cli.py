@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,14 +18,14 @@ from gateway.config import Config, ConfigError, EnvOverrides, load_config
 DEFAULT_CONFIG = Path("configs/default.yaml")
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="YAML config file [env: VOLTGATE_CONFIG; default: configs/default.yaml]"),
+    typer.Option("--config", "-c", help="YAML config file \\[env: VOLTGATE_CONFIG; default: configs/default.yaml]"),
 ]
 GpusOption = Annotated[
     str | None,
     typer.Option(
         "--gpus",
         help="GPU inventory: 'auto' (NVML), 'none', or simulated like 'v100-16gb', '2xv100-16gb', "
-        "'v100-32gb', 'name:memory_gib:capability' [env: VOLTGATE_GPUS]",
+        "'v100-32gb', 'name:memory_gib:capability' \\[env: VOLTGATE_GPUS]",
     ),
 ]
 
@@ -56,8 +57,8 @@ def _load(config: Path | None, gpus: str | None = None, host: str | None = None,
 def serve(
     config: ConfigOption = None,
     gpus: GpusOption = None,
-    host: Annotated[str | None, typer.Option(help="bind address [env: VOLTGATE_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="port [env: VOLTGATE_PORT]")] = None,
+    host: Annotated[str | None, typer.Option(help="bind address \\[env: VOLTGATE_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="port \\[env: VOLTGATE_PORT]")] = None,
     log_format: Annotated[str, typer.Option(help="text or json")] = "text",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
@@ -91,7 +92,8 @@ def serve(
             port=cfg.server.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s) or None,
+            # 0 means no grace at all (uvicorn's None would mean wait forever).
+            timeout_graceful_shutdown=math.ceil(cfg.server.shutdown_grace_s),
             timeout_keep_alive=30,
         )
     )

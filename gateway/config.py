@@ -115,6 +115,7 @@ class ModelSpec(_Spec):
     context: int = Field(default=4096, ge=64, description="tokens per session the deployment must hold")
     min_context: int | None = Field(default=None, ge=64, description="shortest session acceptable if memory is short")
     concurrency: int = Field(default=1, ge=1, le=512, description="sessions served at once")
+    max_queue: int = Field(default=64, ge=0, description="requests the gateway queues for this model before 429")
     engine: Literal["auto", "lmdeploy", "llamacpp"] = "auto"
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
     gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")

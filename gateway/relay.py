@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,7 @@ async def relay_stream(
     model: str,
     include_usage: bool,
     keepalive_s: float,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Relay upstream frames to the client, with keep-alive comments while the upstream is silent.
 
     If the upstream ends without `[DONE]` or its connection breaks, the client gets one error frame and
@@ -181,9 +181,14 @@ async def relay_stream(
         raise
     finally:
         if next_frame is not None:
+            # Cancel the pending read exactly once and let it unwind on its own: httpcore closes the
+            # upstream connection while unwinding (so the worker aborts the generation). Awaiting the
+            # task directly would forward every further cancellation of this task into it (Starlette
+            # re-cancels a disconnected response's task), interrupt that cleanup and leave the
+            # connection open and the worker generating for a client that is gone.
             next_frame.cancel()
             with contextlib.suppress(BaseException):
-                await next_frame
+                await asyncio.shield(next_frame)
     if stats.error is not None:
         yield sse_error_frame(stats.error)
         yield DONE_FRAME

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class RequestContext:
     request_id: str
     principal: Principal
     started: float
+    prompt: Any = None  # what the client sent, kept only when `server.log_prompts` is on
 
 
 class Service:
@@ -65,6 +67,9 @@ class Service:
     async def handle(
         self, kind: RequestKind, parsed: InferenceRequest, request: Request, ctx: RequestContext
     ) -> Response:
+        if self.settings.log_prompts:
+            sent = parsed.engine_body()
+            ctx.prompt = sent.get("messages", sent.get("prompt", sent.get("input")))
         deployment = self.registry.resolve(parsed.model)
         model = deployment.name
         try:
@@ -124,9 +129,10 @@ class Service:
         model = deployment.name
         status = 500
         tokens: tuple[int, int] | None = None
-        await self._admit(deployment)
-        admitted_at = time.monotonic()
+        admitted_at: float | None = None
         try:
+            await self._admit(deployment)
+            admitted_at = time.monotonic()
             url = deployment.worker.base_url() + PATHS[kind]
             upstream = asyncio.ensure_future(self._post(url, body, deployment))
             gone = asyncio.ensure_future(_wait_disconnect(request))
@@ -150,8 +156,9 @@ class Service:
             status = exc.status
             raise
         finally:
-            deployment.admission.release(time.monotonic() - admitted_at)
-            self.metrics.running.labels(model).set(deployment.admission.running)
+            if admitted_at is not None:
+                deployment.admission.release(time.monotonic() - admitted_at)
+                self.metrics.running.labels(model).set(deployment.admission.running)
             self._finish(ctx, deployment, kind, status, tokens, None)
 
     async def _post(self, url: str, body: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
@@ -194,7 +201,7 @@ class Service:
         model = deployment.name
         include_usage = bool(getattr(parsed, "stream_options", None) and parsed.stream_options.include_usage)  # type: ignore[union-attr]
         stats = StreamStats()
-        state: dict[str, Any] = {"admitted_at": None, "upstream": None, "status": 200}
+        state: dict[str, Any] = {"admitted_at": None, "upstream": None, "status": 200, "closed": False}
         url_path = PATHS[kind]
 
         async def open_upstream() -> httpx.Response:
@@ -212,6 +219,9 @@ class Service:
             return response
 
         async def on_close() -> None:
+            if state["closed"]:
+                return
+            state["closed"] = True
             upstream: httpx.Response | None = state["upstream"]
             if upstream is not None:
                 await upstream.aclose()
@@ -225,7 +235,7 @@ class Service:
             status = state["status"]
             if stats.error is not None and status == 200:
                 status = stats.error.status
-            if not stats.completed and stats.error is None:
+            if status == 200 and not stats.completed and stats.error is None:
                 status = 499  # the client went away
             tokens = None
             if stats.completion_tokens is not None:
@@ -247,9 +257,9 @@ class Service:
                 sse_frames(upstream), stats, model=model, include_usage=include_usage,
                 keepalive_s=self.settings.keepalive_interval_s,
             )  # fmt: skip
-            return RelayResponse(frames, on_close, headers=SSE_HEADERS)
+            return RelayResponse(_settle_before_done(frames, on_close), on_close, headers=SSE_HEADERS)
 
-        async def queued_then_relay() -> Any:
+        async def queued_then_relay() -> AsyncGenerator[bytes, None]:
             # Headers are out: keep the client's connection alive while queued, errors become SSE frames.
             while not acquire.done():
                 yield b": waiting for a free slot\n\n"
@@ -270,7 +280,7 @@ class Service:
             ):  # fmt: skip
                 yield frame
 
-        return RelayResponse(queued_then_relay(), on_close, headers=SSE_HEADERS)
+        return RelayResponse(_settle_before_done(queued_then_relay(), on_close), on_close, headers=SSE_HEADERS)
 
     # -- shared -----------------------------------------------------------------------------------------
     async def _admit(self, deployment: Deployment) -> None:
@@ -326,9 +336,25 @@ class Service:
                     "prompt_tokens": tokens[0] if tokens else None,
                     "completion_tokens": tokens[1] if tokens else None,
                     "latency_ms": round((time.monotonic() - ctx.started) * 1000, 1),
+                    **({"prompt": ctx.prompt} if ctx.prompt is not None else {}),
                 }
             )
         )
+
+
+async def _settle_before_done(
+    frames: AsyncGenerator[bytes, None], settle: Callable[[], Awaitable[None]]
+) -> AsyncGenerator[bytes, None]:
+    """Release the slot and the key's in-flight count, and account the request, before the client sees
+    `[DONE]`: a client that sends its next request the moment a stream ends must never be queued or
+    refused (per-key max_concurrent) because of the stream it has just finished."""
+    try:
+        async for frame in frames:
+            if frame == DONE_FRAME:
+                await settle()
+            yield frame
+    finally:
+        await frames.aclose()
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -268,10 +268,22 @@ class WorkerProcess:
                 log.warning("worker %s ignored SIGTERM for %.0f s; sending SIGKILL", self.name, grace_s)
                 _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
-        # Backstop: anything the worker spawned into its group that outlived it.
+        # Backstop: anything the worker spawned into its group that outlived it, and wait until it is gone.
         _signal_group(proc.pid, signal.SIGKILL)
+        for _ in range(50):
+            if not _group_alive(proc.pid):
+                break
+            await asyncio.sleep(0.02)
         self._proc = None
         self.pid = None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

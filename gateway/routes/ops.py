@@ -33,7 +33,7 @@ async def ready(request: Request) -> JSONResponse:
     not_ready = sorted(name for name, m in models.items() if m["state"] != WorkerState.READY.value)
     refused = dict(app.registry.refused)
     ok = not not_ready and not refused and app.accepting
-    body = {
+    body: dict[str, object] = {
         "status": "ready" if ok else "not_ready",
         "models": models,
         "not_ready": not_ready + sorted(refused),

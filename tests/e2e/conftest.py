@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,31 +52,48 @@ class Gateway:
         raise AssertionError(f"gateway not ready in {timeout_s} s:\n{self.log()[-3000:]}")
 
 
-def write_config(tmp: Path, model_path: Path, port: int, **server: object) -> Path:
-    config = {
+def model_entry(model_path: Path, name: str = MODEL, **overrides: object) -> dict[str, object]:
+    """One SmolLM2 model entry for a test config; `overrides` replace top-level keys (e.g. concurrency)."""
+    entry: dict[str, object] = {
+        "name": name,
+        "aliases": ["smollm2"] if name == MODEL else [],
+        "sources": [{"gguf": str(model_path)}],
+        "context": 1024,
+        "concurrency": 4,
+        "llamacpp": {"n_threads": 1, "max_queue": 64},
+    }
+    entry.update(overrides)
+    return entry
+
+
+def write_config(
+    tmp: Path,
+    model_path: Path,
+    port: int,
+    *,
+    models: list[dict[str, object]] | None = None,
+    auth: dict[str, object] | None = None,
+    **server: object,
+) -> Path:
+    """A config serving SmolLM2 on the CPU; `models`/`auth` replace those sections, `server` adds settings."""
+    config: dict[str, object] = {
         "server": {"host": "127.0.0.1", "port": port, "max_body_bytes": 65536, "queue_timeout_s": 60, **server},
         "gpus": "none",
-        "models": [
-            {
-                "name": MODEL,
-                "aliases": ["smollm2"],
-                "sources": [{"gguf": str(model_path)}],
-                "context": 1024,
-                "concurrency": 4,
-                "llamacpp": {"n_threads": 2, "max_queue": 64},
-            }
-        ],
+        "models": models if models is not None else [model_entry(model_path)],
     }
+    if auth is not None:
+        config["auth"] = auth
     path = tmp / "voltgate.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def start_gateway(config: Path, log_path: Path, env: dict[str, str] | None = None) -> Gateway:
+def start_gateway(config: Path, log_path: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> Gateway:
+    """Start `voltgate serve` (extra CLI `args`, e.g. `--log-format json`), its output going to `log_path`."""
     port = yaml.safe_load(config.read_text())["server"]["port"]
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), *args],
         cwd=REPO,
         stdout=log_file,
         stderr=subprocess.STDOUT,

@@ -59,7 +59,9 @@ def turbomind_gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFacto
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     argv_record = tmp / "argv.json"
     env = {
-        "PATH": os.pathsep.join([str(REPO / "tests" / "fakes" / "standin_bin"), os.path.dirname(sys.executable), os.environ["PATH"]]),
+        "PATH": os.pathsep.join(
+            [str(REPO / "tests" / "fakes" / "standin_bin"), os.path.dirname(sys.executable), os.environ["PATH"]]
+        ),
         "VOLTGATE_STANDIN_GGUF": str(smollm2_path),
         "VOLTGATE_STANDIN_ARGV": str(argv_record),
         "PYTHONPATH": str(REPO),

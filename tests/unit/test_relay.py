@@ -1,0 +1,83 @@
+"""The SSE relay on its own: keep-alives while the worker is silent, streams that always end, and a
+client that leaves never interrupting the upstream connection's cleanup (no sockets: frames are fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from gateway.relay import DONE_FRAME, StreamStats, relay_stream
+
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+
+
+async def frames(*items: bytes | float | Exception) -> AsyncIterator[bytes]:
+    """A fake upstream: yields frames, sleeps for floats, raises exceptions."""
+    for item in items:
+        if isinstance(item, float):
+            await asyncio.sleep(item)
+        elif isinstance(item, Exception):
+            raise item
+        else:
+            yield item
+
+
+async def relay(source: AsyncIterator[bytes], *, include_usage: bool = True, keepalive_s: float = 10) -> list[bytes]:
+    stats = StreamStats()
+    return [
+        f async for f in relay_stream(source, stats, model="m", include_usage=include_usage, keepalive_s=keepalive_s)
+    ]
+
+
+async def test_silent_worker_gets_keepalive_comments() -> None:
+    out = await relay(frames(0.25, CHUNK, DONE_FRAME), keepalive_s=0.05)
+    assert out[-2:] == [CHUNK, DONE_FRAME]
+    assert len([f for f in out if f == b": keep-alive\n\n"]) >= 2
+
+
+async def test_usage_frame_is_dropped_unless_asked_for() -> None:
+    assert await relay(frames(CHUNK, USAGE, DONE_FRAME), include_usage=False) == [CHUNK, DONE_FRAME]
+    assert await relay(frames(CHUNK, USAGE, DONE_FRAME), include_usage=True) == [CHUNK, USAGE, DONE_FRAME]
+
+
+async def test_worker_that_ends_without_done_gives_an_error_frame_then_done() -> None:
+    out = await relay(frames(CHUNK))
+    assert out[0] == CHUNK and out[-1] == DONE_FRAME
+    error = json.loads(out[-2][6:])["error"]
+    assert error["code"] == "worker_unavailable" and error["type"] == "server_error"
+
+
+async def test_broken_connection_gives_an_error_frame_then_done() -> None:
+    out = await relay(frames(CHUNK, httpx.RemoteProtocolError("peer closed connection")))
+    assert out[-1] == DONE_FRAME
+    assert json.loads(out[-2][6:])["error"]["code"] == "worker_unavailable"
+
+
+async def test_client_leaving_does_not_interrupt_the_upstream_cleanup() -> None:
+    """Starlette cancels a disconnected response's task again and again until it ends; none of those
+    cancellations may reach the pending upstream read, whose cleanup closes the worker connection (that
+    is what makes the worker abort the generation)."""
+    cleaned = asyncio.Event()
+
+    async def upstream() -> AsyncIterator[bytes]:
+        try:
+            yield CHUNK
+            await asyncio.sleep(3600)  # the worker is busy with a long prefill
+        finally:
+            await asyncio.sleep(0.05)  # closing the connection takes a few loop turns
+            cleaned.set()
+
+    async def client() -> None:
+        async for _ in relay_stream(upstream(), StreamStats(), model="m", include_usage=True, keepalive_s=10):
+            pass
+
+    task = asyncio.create_task(client())
+    await asyncio.sleep(0.02)
+    for _ in range(30):  # level-triggered cancellation, as anyio delivers it
+        task.cancel()
+        await asyncio.sleep(0.005)
+    await asyncio.wait_for(cleaned.wait(), 2)
