@@ -15,6 +15,7 @@ class EngineName(StrEnum):
 
     LLAMACPP = "llamacpp"
     LMDEPLOY = "lmdeploy"
+    REMOTE = "remote"
 
 
 class RequestKind(StrEnum):
@@ -49,7 +50,7 @@ class LMDeployOptions(_Frozen):
     extra_args: tuple[str, ...] = ()
 
 
-ModelFormat = Literal["gguf", "hf", "awq", "gptq"]
+ModelFormat = Literal["gguf", "hf", "awq", "gptq", "remote"]
 
 
 class DeploymentPlan(_Frozen):
@@ -73,6 +74,8 @@ class DeploymentPlan(_Frozen):
     max_batch_size: int | None = None
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
+    remote_url: str | None = Field(default=None, description="root URL of an already-running OpenAI endpoint")
+    remote_model: str | None = Field(default=None, description="the model's name at that endpoint")
 
 
 class LaunchSpec(_Frozen):

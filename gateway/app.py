@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from backends.base import DeploymentPlan, EngineAdapter, EngineName
 from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
+from backends.remote import RemoteAdapter
 from gateway import __version__
 from gateway.admission import Admission
 from gateway.auth import KeyStore
@@ -28,6 +29,7 @@ from gateway.errors import ErrorCode, GatewayError, error_response, internal_err
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
+from gateway.remote import RemoteEndpoint
 from gateway.routes import inference, models, ops
 from gateway.routes.context import AppContext
 from gateway.service import Service
@@ -48,6 +50,7 @@ def default_adapters(config: Config) -> dict[EngineName, EngineAdapter]:
     return {
         EngineName.LLAMACPP: LlamaCppAdapter(startup_timeout_s=timeout),
         EngineName.LMDEPLOY: LMDeployAdapter(startup_timeout_s=timeout),
+        EngineName.REMOTE: RemoteAdapter(),
     }
 
 
@@ -133,7 +136,13 @@ def _deployment(
         if state is WorkerState.FAILED:
             metrics.worker_restarts.labels(name).inc()
 
-    worker = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state)
+    worker: WorkerProcess | RemoteEndpoint
+    if plan.remote_url is not None:
+        worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
+    else:
+        worker = WorkerProcess(
+            plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state
+        )
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)

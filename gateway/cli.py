@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gateway.config import Config, ConfigError, EnvOverrides, load_config
+from gateway.config import Config, ConfigError, EnvOverrides, RemoteSource, load_config
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
 ConfigOption = Annotated[
@@ -140,6 +140,9 @@ def models(config: ConfigOption = None) -> None:
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
         console.print(f"[bold]{model.name}[/bold]{aliases}  context={model.context} concurrency={model.concurrency}")
         for source in model.sources:
+            if isinstance(source, RemoteSource):
+                console.print(f"  - remote: {source.remote} (model {source.model or model.name})", highlight=False)
+                continue
             try:
                 path = source.resolve(cfg.base_dir)
                 state = "ok" if path.exists() else "missing"

@@ -43,7 +43,18 @@ class HFSource(_Spec):
         return resolve_location(self.hf, base_dir)
 
 
-ModelSource = GGUFSource | HFSource
+class RemoteSource(_Spec):
+    """An already-running OpenAI-compatible endpoint on another host (scale-out): nothing to place or start."""
+
+    remote: str = Field(pattern=r"^https?://", description="base URL, e.g. http://gpu-2:8000/v1")
+    model: str | None = Field(default=None, description="the model's name there (default: this entry's name)")
+
+    @property
+    def root_url(self) -> str:
+        return self.remote.rstrip("/").removesuffix("/v1")
+
+
+ModelSource = GGUFSource | HFSource | RemoteSource
 
 
 def resolve_location(location: str, base_dir: Path) -> Path:
@@ -128,6 +139,20 @@ class ModelSpec(_Spec):
         if self.min_context is not None and self.min_context > self.context:
             raise ValueError("min_context must not exceed context")
         return self
+
+    @model_validator(mode="after")
+    def _remote_sources_stand_alone(self) -> ModelSpec:
+        remote = [s for s in self.sources if isinstance(s, RemoteSource)]
+        if remote and len(remote) != len(self.sources):
+            raise ValueError("sources: a remote endpoint cannot be mixed with local model files")
+        if len(remote) > 1:
+            raise ValueError("sources: one remote endpoint per model")
+        return self
+
+    @property
+    def remote(self) -> RemoteSource | None:
+        source = self.sources[0]
+        return source if isinstance(source, RemoteSource) else None
 
     @field_validator("tp")
     @classmethod

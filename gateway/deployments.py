@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from backends.base import DeploymentPlan, EngineAdapter
 from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
+from gateway.remote import RemoteEndpoint
 from gateway.supervisor import WorkerProcess
 
 
@@ -18,7 +19,7 @@ class Deployment:
     aliases: tuple[str, ...]
     plan: DeploymentPlan
     adapter: EngineAdapter
-    worker: WorkerProcess
+    worker: WorkerProcess | RemoteEndpoint
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -109,7 +109,7 @@ class Service:
 
     def _engine_body(self, parsed: InferenceRequest, deployment: Deployment) -> dict[str, Any]:
         body = parsed.engine_body()
-        body["model"] = deployment.plan.model
+        body["model"] = deployment.plan.remote_model or deployment.plan.model
         if parsed.stream:
             body["stream_options"] = {"include_usage": True}
         cap = self.settings.max_tokens_cap

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import ModelFormat
-from gateway.config import ConfigError, GGUFSource, HFSource, ModelSource
+from gateway.config import ConfigError, GGUFSource, HFSource, ModelSource, RemoteSource
 
 _HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 _HF_EMBEDDING = re.compile(r"(?:embed_tokens|wte|word_embeddings)\.weight$")
@@ -97,6 +97,8 @@ class SourceInfo(_Frozen):
 
 def inspect_source(source: ModelSource, base_dir: Path) -> SourceInfo:
     """Inspect one configured source; raise `InspectionError` saying what is wrong (not found, unreadable)."""
+    if isinstance(source, RemoteSource):
+        raise InspectionError("a remote endpoint has no local files to inspect")
     try:
         path = source.resolve(base_dir)
     except ConfigError as exc:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
-from gateway.config import Config, GGUFSource, ModelSpec
+from backends.base import DeploymentPlan, EngineName
+from gateway.config import Config, GGUFSource, HFSource, ModelSpec
 from gateway.placement.estimate import MARGIN_BYTES
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
 from gateway.placement.inventory import Inventory
@@ -64,7 +66,7 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     """Place every configured model on `inventory`. Never raises for a model that does not fit or whose
     source is missing: its decision records the refusal and every rejected rung."""
     ledger = {gpu.index: max(0, gpu.free_bytes - MARGIN_BYTES) for gpu in inventory.gpus}
-    entries = [_prepare(spec, config, inventory) for spec in config.models]
+    entries = [_prepare(spec, config, inventory) for spec in config.models if spec.remote is None]
     order = sorted((e for e in entries if e.work is not None), key=lambda e: -e.size)
     start_order: list[_Entry] = []
     for whole in (True, False):
@@ -80,10 +82,36 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     for entry in order:
         if entry.placed is None:
             entry.refusal = _refusal(entry)
+    local = {e.spec.name: _decision(e) for e in entries}
+    remote = {spec.name: _remote_decision(spec) for spec in config.models if spec.remote is not None}
     return PlacementReport(
         inventory=inventory,
-        decisions=[_decision(e) for e in entries],
-        start_order=[e.spec.name for e in start_order],
+        decisions=[local.get(spec.name) or remote[spec.name] for spec in config.models],
+        start_order=[*remote, *(e.spec.name for e in start_order)],
+    )
+
+
+def _remote_decision(spec: ModelSpec) -> ModelDecision:
+    """A model served by an endpoint on another host: no local memory, nothing to choose."""
+    source = spec.remote
+    assert source is not None
+    plan = DeploymentPlan(
+        model=spec.name,
+        engine=EngineName.REMOTE,
+        source_path=Path(source.remote),
+        model_format="remote",
+        dtype="auto",
+        context_tokens=spec.context,
+        slots=spec.concurrency,
+        remote_url=source.root_url,
+        remote_model=source.model or spec.name,
+    )
+    return ModelDecision(
+        model=spec.name,
+        plan=plan,
+        rung="remote",
+        source=source.remote,
+        notes=[f"served by {source.remote} (model {plan.remote_model!r}); {spec.concurrency} request(s) at once"],
     )
 
 
@@ -92,7 +120,7 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     entry = _Entry(spec, gpu_note=inventory.note)
     infos: list[SourceInfo] = []
     for source in spec.sources:
-        location = source.gguf if isinstance(source, GGUFSource) else source.hf
+        location = source.gguf if isinstance(source, GGUFSource) else source.hf if isinstance(source, HFSource) else ""
         try:
             info = inspect_source(source, config.base_dir)
         except InspectionError as exc:
