@@ -1,0 +1,1 @@
+"""voltgate's benchmark suite: a load generator, overhead and batching benches, plots and the CPU suite."""
