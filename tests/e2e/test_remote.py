@@ -26,10 +26,27 @@ def upstream(
     port = free_port()
     log = (tmp_path_factory.mktemp("upstream") / "worker.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "backends.llamacpp.worker", "--model", str(smollm2_path), "--model-name", "smol-on-gpu-2",
-         "--port", str(port), "--ctx", "512", "--slots", "2", "--n-threads", "1"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "backends.llamacpp.worker",
+            "--model",
+            str(smollm2_path),
+            "--model-name",
+            "smol-on-gpu-2",
+            "--port",
+            str(port),
+            "--ctx",
+            "512",
+            "--slots",
+            "2",
+            "--n-threads",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -44,8 +61,9 @@ def upstream(
 
 
 @pytest.fixture(scope="module")
-def fronted(upstream: tuple[subprocess.Popen[bytes], str], smollm2_path: Path,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:  # fmt: skip
+def fronted(
+    upstream: tuple[subprocess.Popen[bytes], str], smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     _, url = upstream
     tmp = tmp_path_factory.mktemp("remote")
     model = {"name": "team-small", "sources": [{"remote": url + "/v1", "model": "smol-on-gpu-2"}], "concurrency": 2}
@@ -64,8 +82,15 @@ def test_requests_reach_the_remote_endpoint_under_its_own_model_name(fronted: Ga
         model="team-small", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 4
-    chunks = list(client.chat.completions.create(model="team-small", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=3, stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="team-small",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
     placement = httpx.get(fronted.base_url + "/placement", timeout=5).json()
     assert "remote" in str(placement)
