@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -22,6 +23,9 @@ from backends.base import UpstreamError
 from gateway.errors import ErrorCode, GatewayError, internal_error, sse_error_frame
 
 DONE_FRAME = b"data: [DONE]\n\n"
+KEEPALIVE_FRAME = b": keep-alive\n\n"
+_READ_AHEAD = 32  # upstream reads buffered before the reader waits for the client (back-pressure)
+_END_GRACE_S = 0.05  # how long `[DONE]` waits for the upstream body to end, so its connection is reused
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -108,18 +112,153 @@ def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
 
 
 async def sse_frames(response: httpx.Response) -> AsyncIterator[bytes]:
-    """Split an upstream SSE body into complete frames (each ending in a blank line)."""
+    """Split an upstream SSE body into runs of complete frames (each frame ending in a blank line), one run
+    per upstream read: the relay then writes to its client once per read, however many frames it held."""
     buffer = b""
     async for chunk in response.aiter_raw():
         buffer += chunk.replace(b"\r\n", b"\n")
-        while True:
-            end = buffer.find(b"\n\n")
-            if end < 0:
-                break
-            frame, buffer = buffer[: end + 2], buffer[end + 2 :]
-            yield frame
+        end = _frames_end(buffer)
+        if end:
+            yield buffer[:end]
+            buffer = buffer[end:]
     if buffer.strip():
         yield buffer + b"\n\n"
+
+
+def _frames_end(buffer: bytes) -> int:
+    """Where the last complete frame in `buffer` ends (0: none yet), splitting at blank lines left to right."""
+    if b"\n\n\n" in buffer:  # a run of newlines: split as frame-by-frame parsing would
+        return len(buffer) - len(buffer.split(b"\n\n")[-1])
+    return buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0
+
+
+def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[bytes, bool]:
+    """What to send the client for a run of complete frames, and whether the run reached `[DONE]` (which is
+    not included, nor anything after it). Comments are dropped, the usage-only frame too unless asked for."""
+    now = time.monotonic()
+    if not (
+        run.startswith(b":") or b"\n\n:" in run or b'"usage"' in run or b'"finish_reason":"' in run
+        or b'"finish_reason": "' in run
+        or b"[DONE]" in run or b'data: {"error"' in run or b"event: error" in run
+    ):  # fmt: skip
+        _count_chunks(stats, run.count(b"\n\n"), now)  # plain content frames: relayed as they are
+        return run, False
+    kept: list[bytes] = []
+    for part in run.split(b"\n\n")[:-1]:
+        frame = part + b"\n\n"
+        if frame.startswith(b":"):
+            continue  # upstream comments are not relayed; we send our own keep-alives
+        if frame.startswith(DONE_FRAME[:12]):
+            return b"".join(kept), True
+        if frame.startswith(b'data: {"error"') or frame.startswith(b"event: error"):
+            stats.error = GatewayError(ErrorCode.UPSTREAM_ERROR, frame.decode(errors="replace")[:300])
+            kept.append(frame)
+            continue
+        if _inspect_frame(frame, stats) and not include_usage:
+            continue
+        _count_chunks(stats, 1, now)
+        kept.append(frame)
+    return b"".join(kept), False
+
+
+def _count_chunks(stats: StreamStats, n: int, now: float) -> None:
+    """Account `n` content chunks that reached the relay together at `now`."""
+    if not n:
+        return
+    stats.chunks += n
+    if stats.first_token_at is None:
+        stats.first_token_at = now
+    elif stats.last_chunk_at is not None:
+        stats.inter_chunk_s.append(now - stats.last_chunk_at)
+    if n > 1:
+        stats.inter_chunk_s.extend(itertools.repeat(0.0, n - 1))
+    stats.last_chunk_at = now
+
+
+class _ReadAhead:
+    """Reads the upstream in one task of its own, ahead of the client.
+
+    `get()` returns every run read since the last call, `[]`
+    once the upstream has ended (`failure` says how), or None when the relay has waited `keepalive_s` for
+    the upstream: time for a keep-alive comment. The keep-alive timer runs once per interval, not per frame.
+    """
+
+    def __init__(self, runs: AsyncIterator[bytes], keepalive_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._runs = runs
+        self._keepalive_s = keepalive_s
+        self._buffered: list[bytes] = []
+        self._ended = False
+        self.failure: Exception | None = None
+        self._waiter: asyncio.Future[bool] | None = None  # the relay, waiting for the upstream
+        self._waiting_since = 0.0
+        self._space: asyncio.Future[None] | None = None  # the reader, waiting for the relay (back-pressure)
+        self._task = self._loop.create_task(self._read())
+        self._timer = self._loop.call_at(self._loop.time() + keepalive_s, self._tick)
+
+    async def _read(self) -> None:
+        try:
+            async for run in self._runs:
+                self._buffered.append(run)
+                self._wake(keepalive=False)
+                if len(self._buffered) >= _READ_AHEAD:
+                    self._space = self._loop.create_future()
+                    await self._space
+        except Exception as exc:
+            self.failure = exc
+        finally:
+            self._ended = True
+            self._wake(keepalive=False)
+
+    def _wake(self, *, keepalive: bool) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(keepalive)
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        due = now + self._keepalive_s  # the relay is busy: when it waits again, it sets its own deadline
+        if self._waiter is not None and not self._waiter.done():
+            if now >= self._waiting_since + self._keepalive_s:
+                self._waiter.set_result(True)
+            else:
+                due = self._waiting_since + self._keepalive_s
+        self._timer = self._loop.call_at(due, self._tick)
+
+    async def get(self) -> list[bytes] | None:
+        if not self._buffered and not self._ended:
+            self._waiting_since = self._loop.time()
+            self._waiter = self._loop.create_future()
+            try:
+                if await self._waiter:
+                    return None
+            finally:
+                self._waiter = None
+        runs, self._buffered = self._buffered, []
+        if self._space is not None and not self._space.done():
+            self._space.set_result(None)
+        return runs
+
+    async def finish(self) -> None:
+        """After `[DONE]`: give the read in flight a moment to reach the end of the body, which lets httpx
+        keep the upstream connection for the next request (a stream cut short closes it); then `close()`."""
+        if not self._task.done():
+            await asyncio.wait({self._task}, timeout=_END_GRACE_S)
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop reading; returns once the pending read has unwound, or at once if this task is cancelled.
+
+        The pending read is cancelled exactly once and left to unwind on its own: httpcore closes the
+        upstream connection while unwinding (so the worker aborts the generation). Awaiting the task
+        directly would forward every further cancellation of this task into it (Starlette re-cancels a
+        disconnected response's task), interrupt that cleanup and leave the connection open and the worker
+        generating for a client that is gone.
+        """
+        self._timer.cancel()
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(self._task)
 
 
 async def relay_stream(
@@ -132,44 +271,31 @@ async def relay_stream(
 ) -> AsyncGenerator[bytes, None]:
     """Relay upstream frames to the client, with keep-alive comments while the upstream is silent.
 
+    `frames` yields runs of one or more complete frames (as `sse_frames` does, one run per upstream read);
+    each run becomes one client write. `[DONE]` is always yielded on its own.
     If the upstream ends without `[DONE]` or its connection breaks, the client gets one error frame and
     `[DONE]`: a stream always ends, never hangs.
     """
-    iterator = frames.__aiter__()
-    next_frame: asyncio.Task[bytes] | None = None
+    reader = _ReadAhead(frames, keepalive_s)
     try:
         while True:
-            if next_frame is None:
-                next_frame = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({next_frame}, timeout=keepalive_s)
-            if not done:
-                yield b": keep-alive\n\n"
+            runs = await reader.get()
+            if runs is None:
+                yield KEEPALIVE_FRAME
                 continue
-            task, next_frame = next_frame, None
-            try:
-                frame = task.result()
-            except StopAsyncIteration:
+            if not runs:
                 break
-            if frame.startswith(b":"):
-                continue  # upstream comments are not relayed; we send our own keep-alives
-            if frame.startswith(DONE_FRAME[:12]):
-                stats.completed = True
-                yield DONE_FRAME
-                return
-            if frame.startswith(b'data: {"error"') or frame.startswith(b"event: error"):
-                stats.error = GatewayError(ErrorCode.UPSTREAM_ERROR, frame.decode(errors="replace")[:300])
-                yield frame
-                continue
-            now = time.monotonic()
-            if _inspect_frame(frame, stats) and not include_usage:
-                continue
-            stats.chunks += 1
-            if stats.first_token_at is None:
-                stats.first_token_at = now
-            elif stats.last_chunk_at is not None:
-                stats.inter_chunk_s.append(now - stats.last_chunk_at)
-            stats.last_chunk_at = now
-            yield frame
+            for run in runs:
+                out, done = _relay_run(run, stats, include_usage)
+                if out:
+                    yield out
+                if done:
+                    stats.completed = True
+                    await reader.finish()  # before `[DONE]`: the caller closes the upstream response on it
+                    yield DONE_FRAME
+                    return
+        if reader.failure is not None:
+            raise reader.failure
         stats.error = GatewayError(
             ErrorCode.WORKER_UNAVAILABLE,
             f"model {model!r}: the worker ended the stream early (it may have crashed)",
@@ -180,15 +306,7 @@ async def relay_stream(
         stats.error = internal_error()
         raise
     finally:
-        if next_frame is not None:
-            # Cancel the pending read exactly once and let it unwind on its own: httpcore closes the
-            # upstream connection while unwinding (so the worker aborts the generation). Awaiting the
-            # task directly would forward every further cancellation of this task into it (Starlette
-            # re-cancels a disconnected response's task), interrupt that cleanup and leave the
-            # connection open and the worker generating for a client that is gone.
-            next_frame.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(next_frame)
+        await reader.close()
     if stats.error is not None:
         yield sse_error_frame(stats.error)
         yield DONE_FRAME

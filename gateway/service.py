@@ -62,6 +62,7 @@ class Service:
         self.client = client
         self.settings = settings
         self.metrics = metrics
+        self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
 
     # -- entry point ------------------------------------------------------------------------------------
     async def handle(
@@ -242,8 +243,20 @@ class Service:
                 tokens = (stats.prompt_tokens or 0, stats.completion_tokens)
             self._finish(ctx, deployment, kind, status, tokens, stats)
 
-        acquire = asyncio.ensure_future(self._admit(deployment))
-        done, _ = await asyncio.wait({acquire}, timeout=self.settings.keepalive_interval_s)
+        admission = deployment.admission
+        if admission.running < admission.capacity and not admission.waiting:
+            # A free slot is granted without waiting: no task, no timer, no extra loop turn before the send.
+            acquire: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            try:
+                await self._admit(deployment)
+            except GatewayError as exc:
+                acquire.set_exception(exc)
+            else:
+                acquire.set_result(None)
+            done = {acquire}
+        else:
+            acquire = asyncio.ensure_future(self._admit(deployment))
+            done, _ = await asyncio.wait({acquire}, timeout=self.settings.keepalive_interval_s)
         if done:
             try:
                 acquire.result()
@@ -297,7 +310,7 @@ class Service:
         self.metrics.running.labels(model).set(deployment.admission.running)
 
     def _timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=5.0, read=self.settings.upstream_timeout_s, write=30.0, pool=30.0)
+        return self._upstream_timeout
 
     def _finish(
         self,
@@ -317,8 +330,9 @@ class Service:
         self.metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
         if stats is not None and stats.first_token_at is not None:
             self.metrics.ttft.labels(model).observe(stats.first_token_at - ctx.started)
+            itl = self.metrics.itl.labels(model)
             for gap in stats.inter_chunk_s:
-                self.metrics.itl.labels(model).observe(gap)
+                itl.observe(gap)
         self._account(ctx, model, kind, status, tokens)
 
     def _account(

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from gateway.relay import DONE_FRAME, StreamStats, relay_stream
+from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
@@ -81,3 +81,23 @@ async def test_client_leaving_does_not_interrupt_the_upstream_cleanup() -> None:
         task.cancel()
         await asyncio.sleep(0.005)
     await asyncio.wait_for(cleaned.wait(), 2)
+
+
+async def test_frames_are_relayed_in_runs_one_per_upstream_read() -> None:
+    """Each upstream read becomes one run of complete frames; a partial frame waits for the next read."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for part in (CHUNK + CHUNK[:20], CHUNK[20:] + b"\n" + CHUNK, b": ping\r\n\r\n" + USAGE, DONE_FRAME):
+            yield part
+
+    runs = [run async for run in sse_frames(httpx.Response(200, content=body()))]
+    assert runs == [CHUNK, CHUNK + b"\n" + CHUNK, b": ping\n\n" + USAGE, DONE_FRAME]
+    stats = StreamStats()
+    out = [f async for f in relay_stream(iter_async(runs), stats, model="m", include_usage=False, keepalive_s=10)]
+    assert b"".join(out) == CHUNK * 2 + b"\n" + CHUNK + DONE_FRAME
+    assert stats.chunks == 3 and stats.completed and stats.prompt_tokens == 3 and len(stats.inter_chunk_s) == 2
+
+
+async def iter_async(items: list[bytes]) -> AsyncIterator[bytes]:
+    for item in items:
+        yield item
