@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as _llama_cpp
+import numpy as np
+import numpy.typing as npt
 
 from backends.llamacpp.sampling import PENALTY_LAST_N, SamplingParams
 
@@ -122,7 +125,9 @@ class Model:
         self.bos_id = int(lib.llama_vocab_bos(self._vocab))
         self.eos_id = int(lib.llama_vocab_eos(self._vocab))
         self._pieces: dict[int, bytes] = {}
-        self._eog_ids: tuple[int, ...] | None = None
+        self._logits_views: dict[tuple[int, int], npt.NDArray[np.float32]] = {}
+        # A set, not a ctypes call per generated token (each native call also hands the GIL away).
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
 
     def close(self) -> None:
         if self._ctx:
@@ -162,12 +167,7 @@ class Model:
         return data
 
     def is_eog(self, token: int) -> bool:
-        return bool(lib.llama_vocab_is_eog(self._vocab, token))
-
-    def eog_ids(self) -> tuple[int, ...]:
-        if self._eog_ids is None:
-            self._eog_ids = tuple(t for t in range(self.n_vocab) if self.is_eog(t))
-        return self._eog_ids
+        return token in self.eog_ids
 
     def chat_template(self) -> str | None:
         raw = lib.llama_model_chat_template(self._model, None)
@@ -195,6 +195,24 @@ class Model:
         if rc != 0:
             raise NativeError(f"llama_decode failed with status {rc} for {batch.n_tokens} tokens")
 
+    def logits(self, n_outputs: int) -> npt.NDArray[np.float32]:
+        """The last decode's logits, one row per batch token that asked for them, in batch order.
+
+        A view of llama.cpp's buffer, fetched with one native call: valid until the next `decode`.
+        """
+        address = ctypes.cast(lib.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        if not address:
+            raise NativeError("the last decode produced no logits")
+        key = (address, n_outputs)
+        rows = self._logits_views.get(key)
+        if rows is None:  # llama.cpp keeps its output buffer between decodes: so do we, the views of it
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            rows = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+            if len(self._logits_views) > 256:
+                self._logits_views.clear()
+            self._logits_views[key] = rows
+        return rows
+
     def new_sampler(self, params: SamplingParams) -> Sampler:
         return Sampler(self, params)
 
@@ -208,36 +226,64 @@ class Model:
 
 
 class Batch:
-    """A reusable llama_batch of up to `capacity` tokens, each in exactly one sequence."""
+    """A reusable llama_batch of up to `capacity` tokens, each in exactly one sequence.
+
+    The arrays are ours (not `llama_batch_init`'s), so a run of tokens is written with one slice
+    assignment per field instead of one ctypes item access per token and field.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.raw = lib.llama_batch_init(capacity, 0, 1)
         self.n_tokens = 0
+        self.n_outputs = 0
+        self._token = np.zeros(capacity, dtype=np.int32)
+        self._pos = np.zeros(capacity, dtype=np.int32)
+        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        self._seq_id = np.zeros(capacity, dtype=np.int32)
+        self._logits = np.zeros(capacity, dtype=np.int8)
+        int_p = ctypes.POINTER(ctypes.c_int32)
+        base = self._seq_id.ctypes.data
+        self._seq_id_rows = (int_p * capacity)(*(ctypes.cast(base + 4 * i, int_p) for i in range(capacity)))
+        self.raw = lib.llama_batch()
+        self.raw.n_tokens = 0
+        self.raw.token = self._token.ctypes.data_as(int_p)
+        self.raw.pos = self._pos.ctypes.data_as(int_p)
+        self.raw.n_seq_id = self._n_seq_id.ctypes.data_as(int_p)
+        self.raw.seq_id = ctypes.cast(self._seq_id_rows, ctypes.POINTER(int_p))
+        self.raw.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def clear(self) -> None:
+        # Stale entries past n_tokens are never read: add_run writes every field of every token it adds.
         self.n_tokens = 0
+        self.n_outputs = 0
         self.raw.n_tokens = 0
 
-    def add(self, token: int, pos: int, seq_id: int, *, logits: bool) -> int:
-        """Append one token; returns its index (the one to sample from when `logits`)."""
-        i = self.n_tokens
-        if i >= self.capacity:
-            raise NativeError("batch overflow")
-        raw = self.raw
-        raw.token[i] = token
-        raw.pos[i] = pos
-        raw.n_seq_id[i] = 1
-        raw.seq_id[i][0] = seq_id
-        raw.logits[i] = logits
-        self.n_tokens = i + 1
-        raw.n_tokens = self.n_tokens
-        return i
+    def add_run(self, tokens: Sequence[int], start_pos: int, seq_id: int, *, logits: bool) -> int:
+        """Append consecutive tokens of one sequence; `logits` asks for the last one's.
 
-    def close(self) -> None:
-        if self.raw is not None:
-            lib.llama_batch_free(self.raw)
-            self.raw = None
+        Returns the last token's batch index (what `Sampler.sample` takes); with `logits`, its row in
+        `Model.logits` is `n_outputs - 1` right after this call.
+        """
+        n = len(tokens)
+        i = self.n_tokens
+        j = i + n
+        if j > self.capacity or n == 0:
+            raise NativeError(f"cannot add {n} tokens to a batch holding {i} of {self.capacity}")
+        if n == 1:  # a decode step's usual run: item assignment is cheaper than converting a sequence
+            self._token[i] = tokens[0]
+            self._pos[i] = start_pos
+            self._seq_id[i] = seq_id
+        else:
+            self._token[i:j] = tokens
+            self._pos[i:j] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+            self._seq_id[i:j] = seq_id
+            self._logits[i : j - 1] = 0
+        self._logits[j - 1] = logits
+        self.n_tokens = j
+        self.raw.n_tokens = j
+        if logits:
+            self.n_outputs += 1
+        return j - 1
 
 
 class Sampler:
@@ -248,7 +294,7 @@ class Sampler:
         self._chain = chain
         self._keep: list[Any] = []
         if params.ignore_eos:
-            eog = model.eog_ids()
+            eog = sorted(model.eog_ids)
             biases = (lib.llama_logit_bias * len(eog))()
             for i, token in enumerate(eog):
                 biases[i].token = token

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 # llama.cpp's default repetition window (`--repeat-last-n`).
 PENALTY_LAST_N = 64
@@ -65,3 +69,24 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no state (no penalties, no grammar): the next token is a pure function of the logits,
+        so `greedy_token` can pick it without a llama.cpp sampler chain."""
+        return self.greedy and not self.penalized and self.grammar is None
+
+
+def greedy_token(logits: npt.NDArray[np.float32], banned: Set[int] = frozenset()) -> int:
+    """The token llama.cpp's greedy sampler picks from one row of logits: the first of the maxima.
+
+    `banned` tokens are treated as -inf, as the -inf logit bias of `ignore_eos` makes them. When the plain
+    argmax is not banned it is also the masked argmax (masking only lowers values), so the row is copied
+    only in the rare case that a banned token came first.
+    """
+    token = int(logits.argmax())
+    if token not in banned:
+        return token
+    masked = logits.copy()
+    masked[np.fromiter(banned, dtype=np.int64, count=len(banned))] = -np.inf
+    return int(masked.argmax())

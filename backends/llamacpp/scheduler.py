@@ -7,69 +7,66 @@ Concurrency contract
 * The asyncio side talks to it through `Scheduler.submit` (atomic admission check, may raise
   `QueueFullError`), `Ticket.cancel` and `Scheduler.stats`; all three only take a short lock.
 * The engine hands events (`TextDelta`, then exactly one `Finished` or `Failed`) to each request's
-  asyncio queue with `loop.call_soon_threadsafe`.
+  asyncio queue through an `Outbox`, flushed once per step right before the next decode (see
+  `tickets` for why a courier thread wakes the event loop).
 * A cancelled request leaves before the next decode step, so it costs at most one more token.
+
+Batch layout
+------------
+With one KV stream per slot (non-unified KV), llama.cpp puts only sequences with *consecutive* ids, in
+batch order, into one micro-batch, and every micro-batch is a full forward pass. So each step's batch is
+written in slot order, new requests take the lowest free slot unless a long cached prefix says otherwise,
+and with `fill_gaps` an idle slot between two busy ones gets a throwaway token (removed after the decode)
+instead of splitting the step in two: nearly free on a GPU, a whole token's compute on a CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import NamedTuple
 
 from backends.llamacpp.native import Batch, Model, NativeError, Sampler
-from backends.llamacpp.sampling import SamplingParams
+from backends.llamacpp.picking import Pick, TokenPicker
 from backends.llamacpp.text import StopMatcher, Utf8Stream
+from backends.llamacpp.tickets import (
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    Outbox,
+    TextDelta,
+    Ticket,
+    Usage,
+)
 
 log = logging.getLogger("voltgate.worker")
 
-FinishReason = Literal["stop", "length", "cancelled"]
+__all__ = [
+    "Event",
+    "Failed",
+    "Finished",
+    "GenerationRequest",
+    "QueueFullError",
+    "Scheduler",
+    "SchedulerClosedError",
+    "SchedulerStats",
+    "TextDelta",
+    "Ticket",
+    "Usage",
+]
 
 _THROUGHPUT_WINDOW_S = 10.0
 
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One tokenized request, ready for a slot."""
-
-    request_id: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: FinishReason
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
-    retryable: bool = False  # True when the worker is shutting down, not when the request broke it
-
-
-Event = TextDelta | Finished | Failed
+# A cached prefix shorter than this does not outweigh keeping busy slots contiguous (a BOS token or a
+# chat template's first few tokens are shared by nearly every prompt).
+_MIN_REUSE_TOKENS = 16
 
 
 class QueueFullError(Exception):
@@ -78,36 +75,6 @@ class QueueFullError(Exception):
 
 class SchedulerClosedError(Exception):
     """The engine has stopped (shutdown or a fatal llama.cpp error)."""
-
-
-class Ticket:
-    """The asyncio side of one submitted request: its event stream and its cancel switch."""
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]):
-        self.request = request
-        self._loop = loop
-        self._wake = wake
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._cancelled = threading.Event()
-
-    async def next_event(self) -> Event:
-        return await self._events.get()
-
-    def cancel(self) -> None:
-        """Ask the engine to drop this request (thread-safe, idempotent, a no-op once finished)."""
-        if not self._cancelled.is_set():
-            self._cancelled.set()
-            self._wake()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def deliver(self, event: Event) -> None:
-        """Called by the engine thread."""
-        # RuntimeError: the event loop is closed, so nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
 
 @dataclass(frozen=True)
@@ -129,20 +96,20 @@ class SchedulerStats:
 class _Slot:
     seq_id: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, by position
-    last_used_s: float = 0.0
     busy: bool = False
 
 
 class _Sequence:
     """Engine-thread state of one running request."""
 
-    def __init__(self, ticket: Ticket, slot: _Slot, sampler: Sampler, reused: int, now_s: float) -> None:
+    def __init__(self, ticket: Ticket, slot: _Slot, sampler: Sampler | None, reused: int, model: Model) -> None:
         self.ticket = ticket
         self.request = ticket.request
         self.slot = slot
-        self.sampler = sampler
+        self.sampler = sampler  # None: plain greedy, picked from the logits without a sampler chain
+        self.banned = model.eog_ids if self.request.sampling.ignore_eos else frozenset()
         self.cached_tokens = reused
-        self.started_s = now_s
+        self.started_s = time.monotonic()
         self.pending: int | None = None  # sampled, not yet decoded
         self.n_generated = 0
         self.utf8 = Utf8Stream()
@@ -151,6 +118,19 @@ class _Sequence:
     @property
     def prefill_left(self) -> int:
         return len(self.request.prompt) - len(self.slot.cached)
+
+
+class _Run(NamedTuple):
+    """Consecutive tokens of one slot in a step's batch; `seq` None marks a gap filler."""
+
+    slot: _Slot
+    seq: _Sequence | None
+    tokens: Sequence[int]
+    logits: bool
+
+
+def _run_order(run: _Run) -> int:
+    return run.slot.seq_id
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -167,7 +147,8 @@ class Scheduler:
     Each engine step decodes one token for every generating sequence plus as many pending prompt
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
     A free slot keeps its sequence's KV; a new prompt goes to the free slot sharing the longest
-    prefix with it, and only the rest is prefilled.
+    prefix with it (if at least `_MIN_REUSE_TOKENS` long, else to the lowest free slot), and only the
+    rest is prefilled. `fill_gaps`: see the module docstring. `sampling_threads`: see `picking`.
     """
 
     def __init__(
@@ -178,6 +159,8 @@ class Scheduler:
         n_ctx_per_slot: int,
         n_batch: int,
         max_queue: int,
+        fill_gaps: bool = False,
+        sampling_threads: int = 1,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         if slots > n_batch:
@@ -186,10 +169,14 @@ class Scheduler:
         self._n_ctx = n_ctx_per_slot
         self._n_batch = n_batch
         self._max_queue = max_queue
+        self._fill_gaps = fill_gaps
+        self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
         self._slots = [_Slot(seq_id=i) for i in range(slots)]
         self._running: list[_Sequence] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
+        self._outbox = Outbox()
+        self._picker = TokenPicker(model, min(sampling_threads, slots))
         self._cond = threading.Condition()
         # guarded by _cond
         self._waiting: deque[Ticket] = deque()
@@ -205,6 +192,7 @@ class Scheduler:
     # --- asyncio side -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._outbox.start()
         self._thread.start()
 
     def close(self) -> None:
@@ -272,8 +260,10 @@ class Scheduler:
     def _next_round(self) -> bool:
         """Wait for work, admit queued requests into free slots, drop cancelled ones."""
         with self._cond:
-            while not self._closed and not self._running and not self._waiting:
-                self._cond.wait()
+            if not self._closed and not self._running and not self._waiting:
+                self._outbox.flush()
+                while not self._closed and not self._running and not self._waiting:
+                    self._cond.wait()
             if self._closed:
                 return False
             for ticket in [t for t in self._waiting if t.cancelled]:
@@ -281,7 +271,7 @@ class Scheduler:
                 self._counters["requests"] += 1
                 self._counters["aborted"] += 1
                 self._log_abort(ticket.request, "while queued")
-                ticket.deliver(Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
+                self._outbox.put(ticket, Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
             admitted: list[Ticket] = []
             while self._waiting and self._free_slots > 0:
                 admitted.append(self._waiting.popleft())
@@ -293,12 +283,23 @@ class Scheduler:
             self._release(seq, Finished("cancelled", self._usage(seq)), aborted=True)
         return True
 
+    def _pick_slot(self, prompt: Sequence[int]) -> _Slot:
+        best: _Slot | None = None
+        best_reuse = -1
+        for slot in self._slots:  # ascending ids: on equal reuse the lowest free slot wins
+            if slot.busy:
+                continue
+            reuse = common_prefix_len(slot.cached, prompt)
+            if reuse < _MIN_REUSE_TOKENS:
+                reuse = 0
+            if reuse > best_reuse:
+                best, best_reuse = slot, reuse
+        assert best is not None, "admitted without a free slot"
+        return best
+
     def _admit(self, ticket: Ticket) -> None:
         prompt = ticket.request.prompt
-        slot = max(
-            (s for s in self._slots if not s.busy),
-            key=lambda s: (common_prefix_len(s.cached, prompt), -s.last_used_s),
-        )
+        slot = self._pick_slot(prompt)
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
         reuse = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
         if reuse < len(slot.cached) and not self._model.seq_remove(slot.seq_id, reuse):
@@ -306,65 +307,99 @@ class Scheduler:
             reuse = 0
         del slot.cached[reuse:]
         slot.busy = True
+        sampling = ticket.request.sampling
         try:
-            sampler = self._model.new_sampler(ticket.request.sampling)
+            sampler = None if sampling.plain_greedy else self._model.new_sampler(sampling)
         except NativeError as exc:
             slot.busy = False
             with self._cond:
                 self._free_slots += 1
-            ticket.deliver(Failed(str(exc)))
+            self._outbox.put(ticket, Failed(str(exc)))
             return
-        self._running.append(_Sequence(ticket, slot, sampler, reuse, time.monotonic()))
+        self._running.append(_Sequence(ticket, slot, sampler, reuse, self._model))
         self._update_kv_stats()
+
+    def _plan(self) -> list[_Run]:
+        """This step's batch, in slot order: every pending token, then prompt chunks first come first
+        served, then (with `fill_gaps`) a filler for each idle slot between two that take part."""
+        capacity = self._batch.capacity
+        runs = [_Run(s.slot, s, (s.pending,), True) for s in self._running if s.pending is not None]
+        used = len(runs)
+        # Leave room for fillers, but never starve prefill completely.
+        reserve = max(0, min(len(self._slots) - 1, capacity - used - 1)) if self._fill_gaps else 0
+        for seq in self._running:
+            budget = capacity - used - reserve
+            if budget <= 0:
+                break
+            if seq.pending is not None or seq.prefill_left == 0:
+                continue
+            prompt = seq.request.prompt
+            start = len(seq.slot.cached)
+            end = start + min(budget, len(prompt) - start)
+            runs.append(_Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
+            used += end - start
+        if self._fill_gaps and len(runs) > 1:
+            runs += self._fillers(runs, capacity - used)
+        runs.sort(key=_run_order)
+        return runs
+
+    def _fillers(self, runs: list[_Run], room: int) -> list[_Run]:
+        present = {run.slot.seq_id for run in runs}
+        fillers: list[_Run] = []
+        for seq_id in range(min(present), max(present)):
+            slot = self._slots[seq_id]
+            if seq_id in present or len(slot.cached) >= self._n_ctx:
+                continue
+            if len(fillers) == room:
+                break
+            fillers.append(_Run(slot, None, (self._filler_token,), False))
+        return fillers
 
     def _step(self) -> None:
         batch = self._batch
         batch.clear()
-        outputs: list[tuple[_Sequence, int]] = []
-        chunks: list[tuple[_Sequence, list[int]]] = []
-        for seq in self._running:
-            if seq.pending is not None:
-                pos = len(seq.slot.cached)
-                outputs.append((seq, batch.add(seq.pending, pos, seq.slot.seq_id, logits=True)))
-                chunks.append((seq, [seq.pending]))
-        for seq in self._running:
-            budget = batch.capacity - batch.n_tokens
-            if seq.pending is not None or seq.prefill_left == 0 or budget == 0:
-                continue
-            start = len(seq.slot.cached)
-            take = seq.request.prompt[start : start + min(budget, seq.prefill_left)]
-            for offset, token in enumerate(take):
-                pos = start + offset
-                last = pos == len(seq.request.prompt) - 1
-                index = batch.add(token, pos, seq.slot.seq_id, logits=last)
-                if last:
-                    outputs.append((seq, index))
-            chunks.append((seq, list(take)))
-        if batch.n_tokens == 0:
+        runs = self._plan()
+        outputs: list[tuple[_Sequence, int, int]] = []  # (sequence, batch index, logits row)
+        for run in runs:
+            index = batch.add_run(run.tokens, len(run.slot.cached), run.slot.seq_id, logits=run.logits)
+            if run.seq is not None and run.logits:
+                outputs.append((run.seq, index, batch.n_outputs - 1))
+        # The asyncio side handles the previous step's events while llama_decode runs without the GIL.
+        self._outbox.flush()
+        if not runs:
             return
         try:
             self._model.decode(batch)
         except NativeError as exc:
             log.error("decode of %d tokens failed: %s", batch.n_tokens, exc)
-            for seq, _ in chunks:
-                self._model.seq_clear(seq.slot.seq_id)
-                seq.slot.cached.clear()
-                self._release(seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
+            self._drop_fillers(runs)
+            for run in runs:
+                if run.seq is not None:
+                    self._model.seq_clear(run.slot.seq_id)
+                    run.slot.cached.clear()
+                    self._release(run.seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
             return
-        for seq, tokens in chunks:
-            seq.slot.cached.extend(tokens)
-            seq.pending = None
-        generated = 0
-        for seq, index in outputs:
-            token = seq.sampler.sample(self._model, index)
-            generated += 1
-            self._on_token(seq, token)
+        self._drop_fillers(runs)
+        for run in runs:
+            if run.seq is not None:
+                run.slot.cached.extend(run.tokens)
+                run.seq.pending = None
+        if outputs:
+            picks = [Pick(seq.sampler, seq.banned, index, row) for seq, index, row in outputs]
+            for (seq, _, _), token in zip(outputs, self._picker.pick(picks, batch.n_outputs), strict=True):
+                self._on_token(seq, token)
         now = time.monotonic()
         with self._cond:
-            self._counters["generated"] += generated
-            self._recent.append((now, generated))
+            self._counters["generated"] += len(outputs)
+            self._recent.append((now, len(outputs)))
             self._trim_recent(now)
         self._update_kv_stats()
+
+    def _drop_fillers(self, runs: list[_Run]) -> None:
+        for run in runs:
+            if run.seq is None and not self._model.seq_remove(run.slot.seq_id, len(run.slot.cached)):
+                self._model.seq_clear(run.slot.seq_id)
+                run.slot.cached.clear()
 
     def _on_token(self, seq: _Sequence, token: int) -> None:
         seq.n_generated += 1
@@ -374,7 +409,7 @@ class Scheduler:
             return
         result = seq.stops.push(seq.utf8.push(self._model.piece(token)))
         if result.text:
-            seq.ticket.deliver(TextDelta(result.text))
+            self._outbox.put(seq.ticket, TextDelta(result.text))
         out_of_tokens = request.max_tokens is not None and seq.n_generated >= request.max_tokens
         out_of_context = len(request.prompt) + seq.n_generated >= self._n_ctx
         if result.stopped:
@@ -389,15 +424,15 @@ class Scheduler:
         result = seq.stops.push(seq.utf8.flush())
         text = result.text if result.stopped else result.text + seq.stops.flush()
         if text:
-            seq.ticket.deliver(TextDelta(text))
+            self._outbox.put(seq.ticket, TextDelta(text))
         self._release(seq, Finished("stop" if result.stopped else reason, self._usage(seq)), aborted=False)
 
     def _release(self, seq: _Sequence, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
         self._running.remove(seq)
-        seq.sampler.close()
+        if seq.sampler is not None:
+            seq.sampler.close()
         seq.slot.busy = False
-        seq.slot.last_used_s = time.monotonic()
         with self._cond:
             self._free_slots += 1
             c = self._counters
@@ -418,7 +453,7 @@ class Scheduler:
             )
         elif isinstance(event, Failed):
             log.error("request %s failed: %s", seq.request.request_id, event.message)
-        seq.ticket.deliver(event)
+        self._outbox.put(seq.ticket, event)
 
     def _usage(self, seq: _Sequence) -> Usage:
         return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)
@@ -442,7 +477,8 @@ class Scheduler:
             waiting = list(self._waiting)
             self._waiting.clear()
         for ticket in waiting:
-            ticket.deliver(Failed(message, retryable))
+            self._outbox.put(ticket, Failed(message, retryable))
         for seq in list(self._running):
             self._release(seq, Failed(message, retryable), aborted=False)
-        self._batch.close()
+        self._picker.close()
+        self._outbox.close()

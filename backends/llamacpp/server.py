@@ -19,17 +19,9 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from backends.llamacpp.native import ContextOptions, Model
-from backends.llamacpp.scheduler import (
-    Failed,
-    Finished,
-    GenerationRequest,
-    QueueFullError,
-    Scheduler,
-    SchedulerClosedError,
-    TextDelta,
-    Ticket,
-)
+from backends.llamacpp.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.text import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from backends.llamacpp.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket
 from backends.llamacpp.wire import SSE_DONE, Kind, ParsedRequest, Renderer, WireError, new_id, parse_request, sse
 
 log = logging.getLogger("voltgate.worker")
@@ -43,6 +35,8 @@ class WorkerSpec:
     model_name: str
     context: ContextOptions
     max_queue: int
+    fill_gaps: bool = False
+    sampling_threads: int = 1
 
 
 class _Engine:
@@ -62,6 +56,8 @@ class _Engine:
             n_ctx_per_slot=spec.context.n_ctx_per_seq,
             n_batch=spec.context.n_batch,
             max_queue=spec.max_queue,
+            fill_gaps=spec.fill_gaps,
+            sampling_threads=spec.sampling_threads,
             on_fatal=on_fatal,
         )
         self.scheduler.start()
@@ -124,7 +120,7 @@ class _WorkerState:
             self.engine = engine
         ctx = self.spec.context
         log.info(
-            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s)",
+            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s)",
             self.spec.model_name,
             self.spec.model_path,
             time.monotonic() - started,
@@ -134,6 +130,8 @@ class _WorkerState:
             ctx.flash_attn,
             ctx.cache_type,
             " unified" if ctx.kv_unified else "",
+            " fill_gaps" if self.spec.fill_gaps else "",
+            f" sampling_threads={self.spec.sampling_threads}" if self.spec.sampling_threads > 1 else "",
         )
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.llamacpp.sampling import JSON_OBJECT_GBNF, SamplingParams
-from backends.llamacpp.scheduler import Usage
+from backends.llamacpp.tickets import Usage
 
 Kind = Literal["chat", "completion"]
 ResponseFinish = Literal["stop", "length"]

@@ -63,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="one KV buffer shared by all slots instead of one stream per slot (default); unified breaks "
         "batch-invariance, since a sequence's cells stop being in position order",
     )
+    p.add_argument(
+        "--fill-gaps",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="give idle slots between busy ones a throwaway token so each step stays one forward pass "
+        "(llama.cpp splits a step at every gap in the busy slot ids); auto = on when layers are on a GPU, "
+        "where the extra token is nearly free",
+    )
+    p.add_argument(
+        "--sampling-threads",
+        type=_positive,
+        default=1,
+        help="threads running the sampler chains of one step in parallel (temperature/top_p/penalties/grammar "
+        "requests; plain greedy needs none); same tokens as 1",
+    )
     return p
 
 
@@ -84,6 +99,8 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
             cache_type=cache_type,
         ),
         max_queue=args.max_queue,
+        fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
+        sampling_threads=args.sampling_threads,
     )
 
 

@@ -144,7 +144,9 @@ async def test_sigterm_lets_the_inflight_stream_finish_refuses_new_work_and_stop
         workers = worker_processes(gateway)
         pids, ports = {p.pid for p in workers}, {worker_port(p) for p in workers}
         assert len(pids) == 1
-        async with open_stream(gateway.base_url + "/completions", counting_body(48)) as response:
+        async with open_stream(
+            gateway.base_url + "/completions", {**counting_body(400), "ignore_eos": True}
+        ) as response:
             lines = response.aiter_lines()
             seen = await read_first_chunk(lines)
             gateway.process.send_signal(signal.SIGTERM)
