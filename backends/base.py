@@ -106,7 +106,6 @@ class EngineCapabilities(_Frozen):
     json_mode: bool = True
     logprobs: bool = False
     tools: bool = False
-    max_n: int = 1
 
 
 class EngineAdapter(Protocol):

@@ -6,7 +6,6 @@ the dialect LMDeploy's OpenAI server accepts, and its error bodies normalised to
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from typing import Any, ClassVar
@@ -105,7 +104,3 @@ class LMDeployAdapter:
         if err.code is not None and err.code.isdigit():
             err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients
         return err
-
-
-def describe_launch(spec: LaunchSpec) -> str:
-    return json.dumps({"argv": list(spec.argv), "env": spec.env})

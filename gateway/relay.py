@@ -42,7 +42,6 @@ class StreamStats:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     error: GatewayError | None = None
-    client_gone: bool = False
     completed: bool = False
 
 

@@ -134,12 +134,6 @@ class WorkerProcess:
             retry_after_s=retry,
         )
 
-    def mark_unhealthy(self, reason: str) -> None:
-        """The relay saw the worker vanish mid-request: stop routing to it until it is back."""
-        if self.state is WorkerState.READY and self._proc is not None and self._proc.returncode is not None:
-            self._set_state(WorkerState.FAILED)
-            self.last_error = reason
-
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop supervising and terminate the process group: SIGTERM, grace, SIGKILL."""
         self._stopping = True
