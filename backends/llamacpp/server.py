@@ -270,6 +270,10 @@ def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
         )
 
     async def models(_request: Request) -> Response:
+        # Like LMDeploy's api_server (which only listens once its engine is loaded), the model list is only
+        # offered once the model can be served: readiness checks (the LMDeploy adapter, remote sources) use it.
+        if state.engine is None:
+            return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
         model = {"id": spec.model_name, "object": "model", "created": state.created, "owned_by": "voltgate"}
         return JSONResponse({"object": "list", "data": [model]})
 
