@@ -95,11 +95,13 @@ class LMDeployAdapter:
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:
         err = normalize_openai_error(status, body)
-        # LMDeploy answers over-long prompts with a plain message and HTTP 400 ("exceed session_len" or
-        # "the prompt length ... exceeds"); give it OpenAI's code so clients can react.
+        # LMDeploy answers over-long prompts with a plain 400 whose code is just "invalid_request_error"
+        # (seen live, 0.18: "Input length (6010) must be smaller than the model context length (1024).";
+        # older releases say "exceed session_len"); give it OpenAI's code so clients can react.
         text = err.message.lower()
-        if "session_len" in text or ("exceed" in text and ("length" in text or "token" in text)):
+        if "context length" in text or "session_len" in text or ("exceed" in text and "length" in text):
             err.code = "context_length_exceeded"
+            err.param = err.param or "messages"
             err.status = 400
         if err.code is not None and err.code.isdigit():
             err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients

@@ -152,6 +152,12 @@ def test_requests_are_translated_to_lmdeploy_dialect() -> None:
             b'{"object":"error","message":"The input token length 5000 exceed session_len 4096","code":400}',
             "context_length_exceeded",
         ),
+        (  # lmdeploy 0.18, seen live on the GPU machine (bench/results/2026-11-29-gpu-h200/turbomind-extra)
+            400,
+            b'{"error":{"message":"Input length (6010) must be smaller than the model context length (1024).",'
+            b'"type":"invalid_request_error","param":null,"code":"invalid_request_error"}}',
+            "context_length_exceeded",
+        ),
         (
             404,
             b'{"object":"error","message":"The model `x` does not exist.","type":"invalid_request_error","code":404}',
