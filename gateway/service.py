@@ -49,6 +49,16 @@ PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/
 
 
 @dataclass
+class _StreamState:
+    """What a streamed request's close handler needs to know about how far it got."""
+
+    admitted_at: float | None = None
+    upstream: httpx.Response | None = None
+    status: int = 200
+    closed: bool = False
+
+
+@dataclass
 class RequestContext:
     request_id: str
     principal: Principal
@@ -164,7 +174,7 @@ class Service:
 
     async def _post(self, url: str, body: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
         try:
-            response = await self.client.post(url, json=body, timeout=self._timeout())
+            response = await self.client.post(url, json=body, timeout=self._upstream_timeout)
         except httpx.HTTPError as exc:
             raise transport_error(exc, deployment.name) from None
         if response.status_code != 200:
@@ -200,15 +210,16 @@ class Service:
         ctx: RequestContext,
     ) -> Response:
         model = deployment.name
-        include_usage = bool(getattr(parsed, "stream_options", None) and parsed.stream_options.include_usage)  # type: ignore[union-attr]
+        options = getattr(parsed, "stream_options", None)
+        include_usage = options is not None and options.include_usage
         stats = StreamStats()
-        state: dict[str, Any] = {"admitted_at": None, "upstream": None, "status": 200, "closed": False}
+        state = _StreamState()
         url_path = PATHS[kind]
 
         async def open_upstream() -> httpx.Response:
             url = deployment.worker.base_url() + url_path
             try:
-                req = self.client.build_request("POST", url, json=body, timeout=self._timeout())
+                req = self.client.build_request("POST", url, json=body, timeout=self._upstream_timeout)
                 response = await self.client.send(req, stream=True)
             except httpx.HTTPError as exc:
                 raise transport_error(exc, model) from None
@@ -216,24 +227,29 @@ class Service:
                 content = await response.aread()
                 await response.aclose()
                 raise upstream_error_to_gateway(deployment.adapter.normalize_error(response.status_code, content))
-            state["upstream"] = response
+            state.upstream = response
             return response
 
+        def relay(upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
+            return relay_stream(
+                sse_frames(upstream), stats, model=model, include_usage=include_usage,
+                keepalive_s=self.settings.keepalive_interval_s,
+            )  # fmt: skip
+
         async def on_close() -> None:
-            if state["closed"]:
+            if state.closed:
                 return
-            state["closed"] = True
-            upstream: httpx.Response | None = state["upstream"]
-            if upstream is not None:
-                await upstream.aclose()
+            state.closed = True
+            if state.upstream is not None:
+                await state.upstream.aclose()
             if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
-                deployment.admission.release(time.monotonic() - (state["admitted_at"] or time.monotonic()))
+                deployment.admission.release(time.monotonic() - (state.admitted_at or time.monotonic()))
             elif not acquire.done():
                 acquire.cancel()
                 with contextlib.suppress(BaseException):
                     await acquire
             self.metrics.running.labels(model).set(deployment.admission.running)
-            status = state["status"]
+            status = state.status
             if stats.error is not None and status == 200:
                 status = stats.error.status
             if status == 200 and not stats.completed and stats.error is None:
@@ -260,17 +276,13 @@ class Service:
         if done:
             try:
                 acquire.result()
-                state["admitted_at"] = time.monotonic()
+                state.admitted_at = time.monotonic()
                 upstream = await open_upstream()
             except GatewayError as exc:
-                state["status"] = exc.status
+                state.status = exc.status
                 await on_close()
                 raise
-            frames = relay_stream(
-                sse_frames(upstream), stats, model=model, include_usage=include_usage,
-                keepalive_s=self.settings.keepalive_interval_s,
-            )  # fmt: skip
-            return RelayResponse(_settle_before_done(frames, on_close), on_close, headers=SSE_HEADERS)
+            return RelayResponse(_settle_before_done(relay(upstream), on_close), on_close, headers=SSE_HEADERS)
 
         async def queued_then_relay() -> AsyncGenerator[bytes, None]:
             # Headers are out: keep the client's connection alive while queued, errors become SSE frames.
@@ -279,18 +291,15 @@ class Service:
                 await asyncio.wait({acquire}, timeout=self.settings.keepalive_interval_s)
             try:
                 acquire.result()
-                state["admitted_at"] = time.monotonic()
+                state.admitted_at = time.monotonic()
                 upstream = await open_upstream()
             except GatewayError as exc:
                 stats.error = exc
-                state["status"] = exc.status
+                state.status = exc.status
                 yield sse_error_frame(exc)
                 yield DONE_FRAME
                 return
-            async for frame in relay_stream(
-                sse_frames(upstream), stats, model=model, include_usage=include_usage,
-                keepalive_s=self.settings.keepalive_interval_s,
-            ):  # fmt: skip
+            async for frame in relay(upstream):
                 yield frame
 
         return RelayResponse(_settle_before_done(queued_then_relay(), on_close), on_close, headers=SSE_HEADERS)
@@ -308,9 +317,6 @@ class Service:
             self.metrics.queue_depth.labels(model).set(deployment.admission.waiting)
         self.metrics.queue_time.labels(model).observe(waited)
         self.metrics.running.labels(model).set(deployment.admission.running)
-
-    def _timeout(self) -> httpx.Timeout:
-        return self._upstream_timeout
 
     def _finish(
         self,

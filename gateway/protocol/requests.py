@@ -233,14 +233,13 @@ class EmbeddingRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+    stream: Literal[False] = False  # embeddings are never streamed: `stream: true` is a 400
 
     def unsupported(self) -> list[tuple[str, str]]:
         return []
 
     def engine_body(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True, exclude={"user"})
-
-    stream: bool = False
+        return self.model_dump(exclude_none=True, exclude={"user", "stream"})
 
 
 InferenceRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
