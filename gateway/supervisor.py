@@ -91,7 +91,6 @@ class WorkerProcess:
         self.last_error: str | None = None
         self.pid: int | None = None
         self.port: int | None = None
-        self.ready_since: float | None = None
         self.log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
@@ -151,10 +150,8 @@ class WorkerProcess:
         self.state = state
         if state is WorkerState.READY:
             self._ready.set()
-            self.ready_since = time.monotonic()
         else:
             self._ready.clear()
-            self.ready_since = None
         log.info("worker %s: %s", self.name, state.value)
         if self._on_state is not None:
             self._on_state(self.name, state)

@@ -167,7 +167,6 @@ class Scheduler:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
         self._model = model
         self._n_ctx = n_ctx_per_slot
-        self._n_batch = n_batch
         self._max_queue = max_queue
         self._fill_gaps = fill_gaps
         self._filler_token = max(model.bos_id, 0)

@@ -62,10 +62,6 @@ class MemoryEstimate(BaseModel):
         }
         return {name: round(value / GIB, 2) for name, value in terms.items()}
 
-    @property
-    def total_gpu_bytes(self) -> int:
-        return sum(self.gpu_bytes.values())
-
 
 class Shortfall(NamedTuple):
     """A rung that does not fit: what it needs against what there is (bytes), and a sentence why."""

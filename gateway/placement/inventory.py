@@ -68,9 +68,6 @@ class Inventory(BaseModel):
     host_memory_bytes: int | None = None
     note: str | None = Field(default=None, description="why NVML gave no GPUs, when it did not")
 
-    def by_index(self, index: int) -> GPU | None:
-        return next((gpu for gpu in self.gpus if gpu.index == index), None)
-
 
 def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
     """`auto` reads NVML (no driver means no GPUs, never an error); `none` is no GPUs; anything else is a
