@@ -8,12 +8,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from gateway.config import Config, ConfigError, EnvOverrides, RemoteSource, load_config
+from gateway.config import Config, ConfigError, EnvOverrides, RemoteSource, env_overrides, load_config
+
+if TYPE_CHECKING:
+    from gateway.placement import Inventory
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
 ConfigOption = Annotated[
@@ -41,16 +45,29 @@ err = Console(stderr=True)
 
 
 def _load(config: Path | None, gpus: str | None = None, host: str | None = None, port: int | None = None) -> Config:
-    env = EnvOverrides()
-    overrides = EnvOverrides(
-        host=host or env.host, port=port if port is not None else env.port, gpus=gpus or env.gpus, config=None
-    )
-    path = config or env.config or DEFAULT_CONFIG
     try:
-        return load_config(path, overrides=overrides)
+        env = env_overrides()
+        overrides = EnvOverrides(
+            host=host or env.host, port=port if port is not None else env.port, gpus=gpus or env.gpus, config=None
+        )
+        return load_config(config or env.config or DEFAULT_CONFIG, overrides=overrides)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        _config_error(str(exc))
+
+
+def _config_error(message: str) -> NoReturn:
+    """A configuration error: the message alone (it names the key), no traceback, exit status 2."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _inventory(cfg: Config) -> Inventory:
+    from gateway.placement import InventoryError, inventory_from_spec
+
+    try:
+        return inventory_from_spec(cfg.gpus)
+    except InventoryError as exc:  # load_config checks the layout; this is the backstop
+        _config_error(f"gpus: {exc}")
 
 
 @cli.command()
@@ -67,11 +84,11 @@ def serve(
 
     from gateway.app import create_app
     from gateway.logs import setup_logging
-    from gateway.placement import inventory_from_spec, plan_models, render_plan_table
+    from gateway.placement import plan_models, render_plan_table
 
     setup_logging(log_format, log_level.upper())
     cfg = _load(config, gpus, host, port)
-    report = plan_models(cfg, inventory_from_spec(cfg.gpus))
+    report = plan_models(cfg, _inventory(cfg))
     render_plan_table(report, err)
     refused = {d.model: d.refusal for d in report.decisions if d.plan is None and d.refusal}
     plans = []
@@ -121,10 +138,10 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options)."""
-    from gateway.placement import inventory_from_spec, plan_models, render_plan_table
+    from gateway.placement import plan_models, render_plan_table
 
     cfg = _load(config, gpus)
-    report = plan_models(cfg, inventory_from_spec(cfg.gpus))
+    report = plan_models(cfg, _inventory(cfg))
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:

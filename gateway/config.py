@@ -9,6 +9,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
@@ -127,6 +128,9 @@ class ModelSpec(_Spec):
     min_context: int | None = Field(default=None, ge=64, description="shortest session acceptable if memory is short")
     concurrency: int = Field(default=1, ge=1, le=512, description="sessions served at once")
     max_queue: int = Field(default=64, ge=0, description="requests the gateway queues for this model before 429")
+    default_max_tokens: int | None = Field(
+        default=None, ge=1, description="max_tokens for requests that give none (default: server.max_tokens_cap)"
+    )
     engine: Literal["auto", "lmdeploy", "llamacpp"] = "auto"
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
     gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")
@@ -169,6 +173,18 @@ class Config(_Spec):
     models: tuple[ModelSpec, ...] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_layout_readable(cls, gpus: str) -> str:
+        """A simulated layout is read here, so a typo stops the start naming `gpus`, not deep in placement."""
+        from gateway.placement.inventory import InventoryError, check_layout  # gateway.placement imports us
+
+        try:
+            check_layout(gpus)
+        except InventoryError as exc:
+            raise ValueError(str(exc)) from None
+        return gpus
+
     @model_validator(mode="after")
     def _unique_names(self) -> Config:
         seen: dict[str, str] = {}
@@ -191,15 +207,55 @@ class EnvOverrides(BaseSettings):
     gpus: str | None = None
 
 
-def _format_validation_error(path: Path, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid configuration"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"  {loc}: {msg}")
+# A source is one of three shapes; pydantic reports a bad one against all three. The key the user wrote
+# says which was meant, so only that member's errors are shown.
+_SOURCE_KEYS = {"GGUFSource": "gguf", "HFSource": "hf", "RemoteSource": "remote"}
+
+
+def _format_validation_error(path: Path, exc: ValidationError, raw: object, renamed: dict[str, str]) -> str:
+    """One line per bad key, `loc: message`: unknown keys as such, no pydantic prefixes or URLs, union
+    members collapsed to the one the user meant, and no knock-on "too short" errors for a container whose
+    item was already reported. `renamed` maps a top-level key to how to name it (set by an override)."""
+    errors = [_source_error(err, raw) for err in exc.errors()]
+    locs = [tuple(err["loc"]) for err in errors]
+    lines, seen = [f"{path}: invalid configuration"], set()
+    for err, loc in zip(errors, locs, strict=True):
+        if err["type"] == "other_member":
+            continue
+        if err["type"] == "too_short" and any(other[: len(loc)] == loc and other != loc for other in locs):
+            continue
+        names = [str(p) for p in loc]
+        if names:
+            names[0] = renamed.get(names[0], names[0])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
+        line = f"  {'.'.join(names) or '(top level)'}: {msg}"
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
     return "\n".join(lines)
+
+
+def _source_error(err: ErrorDetails, raw: object) -> ErrorDetails:
+    """An error inside a union of sources, rewritten for the member the user meant (or for none)."""
+    loc = tuple(err["loc"])
+    at = next((i for i, part in enumerate(loc) if part in _SOURCE_KEYS), None)
+    if at is None:
+        return err
+    value: object = raw
+    for part in loc[:at]:
+        try:
+            value = value[part]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            return err
+    keys = set(value) if isinstance(value, dict) else set()
+    meant = next((name for name, key in _SOURCE_KEYS.items() if key in keys), None)
+    if meant is None:
+        got = f" (got: {', '.join(sorted(map(str, keys)))})" if keys else ""
+        msg = f"a source needs one of the keys gguf, hf or remote{got}"
+        return ErrorDetails(type="source_kind", loc=loc[:at], msg=msg, input=value)
+    if loc[at] != meant:
+        return ErrorDetails(type="other_member", loc=loc[:at], msg="", input=value)
+    return ErrorDetails(type=err["type"], loc=loc[:at] + loc[at + 1 :], msg=err["msg"], input=err["input"])
 
 
 def load_config(path: Path, *, overrides: EnvOverrides | None = None) -> Config:
@@ -208,21 +264,37 @@ def load_config(path: Path, *, overrides: EnvOverrides | None = None) -> Config:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"config file not found: {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     overrides = overrides if overrides is not None else EnvOverrides()
-    server = dict(raw.get("server") or {})
+    server = raw.get("server") or {}
+    if not isinstance(server, dict):
+        raise ConfigError(f"{path}: invalid configuration\n  server: expected a mapping of settings")
+    server = dict(server)
     if overrides.host is not None:
         server["host"] = overrides.host
     if overrides.port is not None:
         server["port"] = overrides.port
     raw["server"] = server
+    renamed: dict[str, str] = {}
     if overrides.gpus is not None:
         raw["gpus"] = overrides.gpus
+        renamed["gpus"] = "gpus (from --gpus or VOLTGATE_GPUS)"
     raw["base_dir"] = path.resolve().parent
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(path, exc)) from None
+        raise ConfigError(_format_validation_error(path, exc, raw, renamed)) from None
+
+
+def env_overrides() -> EnvOverrides:
+    """The VOLTGATE_* environment overrides; raise `ConfigError` naming the variable that is wrong."""
+    try:
+        return EnvOverrides()
+    except ValidationError as exc:
+        bad = "; ".join(f"VOLTGATE_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors() if e["loc"])
+        raise ConfigError(f"invalid environment override: {bad}") from None

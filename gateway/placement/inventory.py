@@ -106,6 +106,13 @@ def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
     return Inventory(gpus=tuple(gpus), source="simulated")
 
 
+def check_layout(spec: str) -> None:
+    """Raise `InventoryError` if `spec` is not `auto`, `none` or a layout `inventory_from_spec` can read.
+    Reads no NVML (config validation calls it)."""
+    if spec.strip().lower() != "auto":
+        inventory_from_spec(spec)
+
+
 def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int]]:
     named = _NAMED_GPUS.get(kind.lower())
     if named is not None:
