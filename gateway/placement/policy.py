@@ -59,7 +59,7 @@ class _Entry:
     def size(self) -> int:
         if self.work is None:
             return 0
-        return max(s.weights_bytes for s in (*self.work.fp16, *self.work.w4a16, *self.work.ggufs))
+        return max((s.weights_bytes for s in (*self.work.fp16, *self.work.w4a16, *self.work.ggufs)), default=0)
 
 
 def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
@@ -158,6 +158,9 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     if spec.engine == "llamacpp":
         entry.misses.append(Miss("turbomind", "engine: llamacpp in the config"))
         entry.no_turbomind, fp16, w4a16 = True, [], []
+    if not (fp16 or w4a16 or ggufs):
+        entry.refusal = _nothing_left(spec, infos)
+        return entry
 
     gpus = {g.index: g for g in inventory.gpus}
     if spec.gpus is not None:
@@ -173,6 +176,21 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
             return entry
     entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes)
     return entry
+
+
+def _nothing_left(spec: ModelSpec, infos: list[SourceInfo]) -> str:
+    """The refusal when the overrides rule out every source there is."""
+    have = ", ".join(f"{s.path.name} ({s.quant or s.format})" for s in infos)
+    if spec.quant is not None:
+        engine = f"engine: {spec.engine}" if spec.engine != "auto" else f"tp: {spec.tp}"
+        return f"quant: {spec.quant} and {engine} in the config rule out every source (have: {have})"
+    if spec.engine == "llamacpp":
+        return f"engine: llamacpp in the config, but no source is a GGUF file (have: {have}); add a GGUF source"
+    why = "engine: lmdeploy" if spec.engine == "lmdeploy" else f"tp: {spec.tp}"
+    return (
+        f"{why} in the config means TurboMind, but no source is an HF directory (have: {have}); "
+        "add an HF float16, AWQ or GPTQ source"
+    )
 
 
 def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | None:

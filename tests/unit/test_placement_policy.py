@@ -283,6 +283,34 @@ def test_impossible_overrides_are_rejected_with_a_reason(
     assert refusal in text, text
 
 
+@pytest.mark.parametrize(
+    ("override", "sources", "refusal"),
+    [
+        ({"engine": "llamacpp"}, [hf("llama2-7b")],
+         "engine: llamacpp in the config, but no source is a GGUF file (have: llama2-7b (hf)); add a GGUF source"),
+        ({"engine": "lmdeploy"}, [gguf("llama2-7b.Q8_0.gguf")],
+         "engine: lmdeploy in the config means TurboMind, but no source is an HF directory "
+         "(have: llama2-7b.Q8_0.gguf (Q8_0))"),
+        ({"tp": 2}, [gguf("llama2-7b.Q4_K_M.gguf")], "tp: 2 in the config means TurboMind, but no source is an HF"),
+        ({"engine": "lmdeploy", "quant": "Q8_0"}, [hf("llama2-7b"), gguf("llama2-7b.Q8_0.gguf")],
+         "quant: Q8_0 and engine: lmdeploy in the config rule out every source"),
+    ],
+)  # fmt: skip
+def test_an_override_that_leaves_no_source_refuses_that_model_only(
+    zoo: Path, override: dict[str, Any], sources: list[dict[str, str]], refusal: str
+) -> None:
+    report = plan(
+        zoo,
+        "2xv100-16gb",
+        {"name": "forced", "sources": sources, **override},
+        {"name": "other", "sources": [gguf("llama2-7b.Q4_K_M.gguf")]},
+    )
+    forced, other = report.decision("forced"), report.decision("other")
+    assert forced.plan is None and forced.refusal is not None
+    assert refusal in forced.refusal, forced.refusal
+    assert other.plan is not None and report.start_order == ["other"]
+
+
 # --- the shipped configs ------------------------------------------------------------------------------------
 
 
