@@ -9,6 +9,8 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backends.request import EngineRequest
+
 
 class EngineName(StrEnum):
     """The worker kinds voltgate can start."""
@@ -76,6 +78,7 @@ class DeploymentPlan(_Frozen):
     lmdeploy: LMDeployOptions = LMDeployOptions()
     remote_url: str | None = Field(default=None, description="root URL of an already-running OpenAI endpoint")
     remote_model: str | None = Field(default=None, description="the model's name at that endpoint")
+    tool_parser: str | None = Field(default=None, description="LMDeploy --tool-call-parser for the architecture")
 
 
 class LaunchSpec(_Frozen):
@@ -100,12 +103,28 @@ class UpstreamError(Exception):
 
 
 class EngineCapabilities(_Frozen):
-    """What an engine can honour, so unsupported parameters are refused before they reach it."""
+    """What a deployment can honour, so unsupported parameters are refused before they reach it.
+
+    Shown on `/v1/models` (the `capabilities` extension field) from the plan.
+    """
 
     kinds: frozenset[RequestKind]
     json_mode: bool = True
+    json_schema: bool = False
     logprobs: bool = False
     tools: bool = False
+    vision: bool = False
+
+    def public(self) -> dict[str, bool]:
+        return {
+            "chat": RequestKind.CHAT in self.kinds,
+            "completions": RequestKind.COMPLETION in self.kinds,
+            "embeddings": RequestKind.EMBEDDING in self.kinds,
+            "tools": self.tools,
+            "json_schema": self.json_schema,
+            "logprobs": self.logprobs,
+            "vision": self.vision,
+        }
 
 
 class EngineAdapter(Protocol):
@@ -116,12 +135,15 @@ class EngineAdapter(Protocol):
     """
 
     engine: ClassVar[EngineName]
-    capabilities: ClassVar[EngineCapabilities]
+
+    def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
+        """What this engine can honour for the deployment `plan` describes."""
+        ...
 
     def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec: ...
 
-    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
-        """Turn a validated OpenAI request body into what the engine's HTTP server accepts."""
+    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
+        """The JSON body the engine's HTTP server accepts for `request` (already validated)."""
         ...
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError: ...

@@ -19,11 +19,12 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
+from backends.request import EngineRequest
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
-# Fields our validated requests may carry that LMDeploy's api_server does not accept.
-_DROP = {"stream_options", "user", "max_completion_tokens", "response_format_type"}
+# Fields of the engine request that LMDeploy's api_server does not take as they are.
+_DROP = {"stream_options", "continue_final_message", "ignore_eos_default"}
 
 
 class LMDeployNotInstalled(Exception):
@@ -40,9 +41,11 @@ def find_lmdeploy(executable: str) -> str:
 
 class LMDeployAdapter:
     engine: ClassVar[EngineName] = EngineName.LMDEPLOY
-    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
-        kinds=frozenset({RequestKind.CHAT, RequestKind.COMPLETION}), json_mode=True
-    )
+
+    def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
+        """Tools need one of LMDeploy's tool-call parsers, chosen by the plan from the architecture."""
+        kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=plan.tool_parser is not None, logprobs=True)
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:
         self._startup_timeout_s = startup_timeout_s
@@ -64,6 +67,8 @@ class LMDeployAdapter:
             "--server-port", str(port),
             "--model-name", plan.model,
         ]  # fmt: skip
+        if plan.tool_parser is not None:
+            argv += ["--tool-call-parser", plan.tool_parser]
         if opts.max_prefill_token_num is not None:
             argv += ["--max-prefill-token-num", str(opts.max_prefill_token_num)]
         argv += list(opts.extra_args)
@@ -79,17 +84,17 @@ class LMDeployAdapter:
             fatal_log_patterns=(r"out of memory at \d+/\d+", r"CUDA error: out of memory"),
         )
 
-    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in body.items() if k not in _DROP}
-        if body.get("stream"):
+    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
+        out = {k: v for k, v in request.wire().items() if k not in _DROP}
+        if request.stream:
             # LMDeploy >= 0.7 understands stream_options; always ask for usage (the gateway strips it).
             out["stream_options"] = {"include_usage": True}
-        fmt = body.get("response_format")
-        if kind is RequestKind.CHAT and isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        fmt = request.response_format
+        if request.is_chat and fmt is not None and fmt.type == "json_object":
             # TurboMind's guided decoding takes a JSON schema; an open object schema is json mode.
             out["response_format"] = {"type": "json_schema", "json_schema": {"name": "json_object",
                                       "schema": {"type": "object"}}}  # fmt: skip
-        if kind is RequestKind.COMPLETION:
+        if not request.is_chat:
             out.pop("response_format", None)
         return out
 

@@ -13,22 +13,25 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
+from backends.request import EngineRequest
 
 
 class RemoteAdapter:
     engine: ClassVar[EngineName] = EngineName.REMOTE
-    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
-        kinds=frozenset({RequestKind.CHAT, RequestKind.COMPLETION, RequestKind.EMBEDDING}), json_mode=True
-    )
+
+    def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
+        """Whatever the endpoint serves: it answers for itself (its 400s are relayed as they are)."""
+        del plan
+        kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION, RequestKind.EMBEDDING})
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True)
 
     def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec:
         del port
         raise TypeError(f"model {plan.model!r} is served by {plan.remote_url}; there is no process to launch")
 
-    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
+    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
         """The endpoint speaks OpenAI's dialect; the gateway already set the model name it knows."""
-        del kind
-        return body
+        return request.wire()
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:
         return normalize_openai_error(status, body)

@@ -38,10 +38,16 @@ class Admission:
         per_slot = max(1.0, self._recent_service_s)
         return min(60.0, per_slot * (1 + self.waiting / max(1, self.capacity)))
 
-    async def acquire(self) -> float:
-        """Wait for a slot; return the seconds spent waiting."""
+    def try_acquire(self) -> bool:
+        """Take a free slot if one is free and nobody queues before us; never waits. True: hold it."""
         if self.running < self.capacity and not self._waiters:
             self.running += 1
+            return True
+        return False
+
+    async def acquire(self) -> float:
+        """Wait for a slot; return the seconds spent waiting."""
+        if self.try_acquire():
             return 0.0
         if len(self._waiters) >= self.max_queue:
             raise GatewayError(

@@ -33,7 +33,8 @@ from gateway.remote import RemoteEndpoint
 from gateway.routes import inference, models, ops
 from gateway.routes.context import AppContext
 from gateway.service import Service
-from gateway.supervisor import WorkerProcess, WorkerState
+from gateway.supervisor import WorkerProcess
+from gateway.workers import Worker, WorkerState
 
 log = logging.getLogger("voltgate")
 
@@ -136,7 +137,7 @@ def _deployment(
         if state is WorkerState.FAILED:
             metrics.worker_restarts.labels(name).inc()
 
-    worker: WorkerProcess | RemoteEndpoint
+    worker: Worker
     if plan.remote_url is not None:
         worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
     else:
@@ -147,7 +148,9 @@ def _deployment(
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
     admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
-    return Deployment(spec.name, spec.aliases, plan, adapter, worker, admission)
+    return Deployment(
+        spec.name, spec.aliases, plan, adapter, worker, admission, default_max_tokens=spec.default_max_tokens
+    )
 
 
 async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metrics: Metrics) -> None:

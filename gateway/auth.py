@@ -81,6 +81,7 @@ class Principal:
 
 
 OPEN = Principal(key_id="open")
+ANONYMOUS = Principal(key_id="-")  # a request refused before its key was checked (logs and metrics only)
 
 
 class KeyStore:

@@ -6,11 +6,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from backends.base import DeploymentPlan, EngineAdapter
+from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
-from gateway.remote import RemoteEndpoint
-from gateway.supervisor import WorkerProcess
+from gateway.workers import Worker
 
 
 @dataclass
@@ -19,9 +18,14 @@ class Deployment:
     aliases: tuple[str, ...]
     plan: DeploymentPlan
     adapter: EngineAdapter
-    worker: WorkerProcess | RemoteEndpoint
+    worker: Worker
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
+    default_max_tokens: int | None = None
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self.adapter.capabilities(self.plan)
 
 
 @dataclass

@@ -1,7 +1,6 @@
-"""RemoteEndpoint: the worker-shaped handle for an endpoint on another host, kept READY by health checks.
+"""RemoteEndpoint: a `gateway.workers.Worker` for an endpoint on another host, kept READY by health checks.
 
-It answers the same questions as `WorkerProcess` (state, base_url, start/stop) so the registry, the
-service and /ready treat local workers and remote endpoints alike; it owns no process.
+It owns no process; the registry, the service and /ready treat it like a local worker.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.supervisor import WorkerState
+from gateway.workers import WorkerState
 
 log = logging.getLogger("voltgate.remote")
 

@@ -1,69 +1,50 @@
-"""The request flow for inference endpoints: resolve → authorise → admit → relay → account.
+"""The request flow for inference endpoints: resolve → authorise → check → build → admit → relay → account.
 
-route ─▶ Service.handle(kind, request, principal)
+route ─▶ Service.handle(parsed, request, ctx) ─▶ UnaryResult | StreamSession (the route renders it)
            ├─ registry.resolve(model)             404 model_not_found
            ├─ principal.check_model / admit       403 / 429
            ├─ capability check                    400 names the parameter
+           ├─ build_engine_request                the one typed request every worker validates
            ├─ worker.base_url()                   503 + Retry-After while loading/restarting
-           ├─ admission.acquire()                 429 + Retry-After when the queue is full
+           ├─ RequestScope admit                  429 + Retry-After when the queue is full
            └─ relay (stream | JSON)               worker errors normalised by the engine's adapter
+
+A request refused anywhere on the way (including by the routes, before the service) is accounted once
+through `Service.refused`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.auth import Principal
+from backends.request import EngineRequest
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.errors import ErrorCode, GatewayError, sse_error_frame
+from gateway.engine_requests import build_engine_request
+from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
-from gateway.protocol import ChatCompletion, Completion, InferenceRequest
-from gateway.relay import (
-    DONE_FRAME,
-    SSE_HEADERS,
-    RelayResponse,
-    StreamStats,
-    relay_stream,
-    sse_frames,
-    transport_error,
-    upstream_error_to_gateway,
-)
+from gateway.protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, InferenceRequest
+from gateway.relay import transport_error, upstream_error_to_gateway
+from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
 
-access_log = logging.getLogger("voltgate.access")
+__all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
-PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/completions",
-         RequestKind.EMBEDDING: "/v1/embeddings"}  # fmt: skip
+UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
 
 
-@dataclass
-class _StreamState:
-    """What a streamed request's close handler needs to know about how far it got."""
+@dataclass(frozen=True)
+class UnaryResult:
+    """A non-streamed answer: the normalised body, or `body=None` with 499 when the client went away."""
 
-    admitted_at: float | None = None
-    upstream: httpx.Response | None = None
+    body: dict[str, Any] | None
     status: int = 200
-    closed: bool = False
-
-
-@dataclass
-class RequestContext:
-    request_id: str
-    principal: Principal
-    started: float
-    prompt: Any = None  # what the client sent, kept only when `server.log_prompts` is on
 
 
 class Service:
@@ -76,76 +57,86 @@ class Service:
 
     # -- entry point ------------------------------------------------------------------------------------
     async def handle(
-        self, kind: RequestKind, parsed: InferenceRequest, request: Request, ctx: RequestContext
-    ) -> Response:
-        if self.settings.log_prompts:
-            sent = parsed.engine_body()
-            ctx.prompt = sent.get("messages", sent.get("prompt", sent.get("input")))
-        deployment = self.registry.resolve(parsed.model)
-        model = deployment.name
+        self, parsed: InferenceRequest, request: Request, ctx: RequestContext
+    ) -> UnaryResult | StreamSession:
         try:
-            ctx.principal.check_model(model, deployment.aliases)
-            self._check_capabilities(kind, parsed, deployment)
+            deployment = self.registry.resolve(parsed.model)
+        except GatewayError as exc:
+            self.refused(ctx, exc, parsed.model)
+            raise
+        if self.settings.log_prompts:
+            ctx.prompt = parsed.model_dump(mode="json", include={"messages", "prompt", "input"})
+        try:
+            ctx.principal.check_model(deployment.name, deployment.aliases)
+            self._check_capabilities(ctx.kind, parsed, deployment)
+            body = self._engine_body(parsed, deployment)
             deployment.worker.base_url()  # fail fast with 503 while the worker loads or restarts
             ctx.principal.admit()
         except GatewayError as exc:
-            self.metrics.rejections.labels(model, exc.code.value).inc()
-            self._account(ctx, model, kind, exc.status, None)
+            self.refused(ctx, exc, deployment.name)
             raise
-        body = deployment.adapter.translate_request(kind, self._engine_body(parsed, deployment))
+        scope = RequestScope(deployment, ctx, self.metrics)
         if parsed.stream:
-            return await self._stream(kind, parsed, body, deployment, ctx)
-        return await self._unary(kind, body, deployment, request, ctx)
+            session = StreamSession(
+                scope, client=self.client, body=body, include_usage=parsed.include_usage,
+                timeout=self._upstream_timeout, keepalive_s=self.settings.keepalive_interval_s,
+            )  # fmt: skip
+            await session.open()
+            return session
+        return await self._unary(scope, body, request)
+
+    def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:
+        """Account a request refused before it was admitted (one access-log line, counted by status)."""
+        label = UNKNOWN_MODEL
+        if model is not None:
+            with contextlib.suppress(GatewayError):
+                label = self.registry.resolve(model).name
+        self.metrics.rejections.labels(label, exc.code.value).inc()
+        account(self.metrics, ctx, label, exc.status, None)
 
     # -- checks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, kind: RequestKind, parsed: InferenceRequest, deployment: Deployment) -> None:
-        caps = deployment.adapter.capabilities
+        caps = deployment.capabilities
+        name = f"model {deployment.name!r} ({deployment.plan.engine.value})"
         if kind not in caps.kinds:
-            raise GatewayError(
-                ErrorCode.UNSUPPORTED_PARAMETER,
-                f"model {deployment.name!r} ({deployment.plan.engine.value}) does not serve {PATHS[kind]}",
-                param="model",
-            )
-        fmt = getattr(parsed, "response_format", None)
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not serve {PATHS[kind]}", param="model")
+        if not isinstance(parsed, ChatCompletionRequest):
+            return
+        fmt = parsed.response_format
+        if fmt is not None and fmt.type == "json_schema" and not caps.json_schema:
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} cannot follow a JSON schema",
+                               param="response_format")  # fmt: skip
         if fmt is not None and fmt.type == "json_object" and not caps.json_mode:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, "json mode is not supported", param="response_format")
-        limit = getattr(parsed, "token_limit", lambda: None)()
-        cap = self.settings.max_tokens_cap
-        if limit is not None and cap is not None and limit > cap:
-            raise GatewayError(
-                ErrorCode.INVALID_REQUEST,
-                f"max_tokens {limit} exceeds this server's cap of {cap}",
-                param="max_tokens",
-            )
+        if parsed.tools and parsed.tool_choice != "none" and not caps.tools:
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} has no tool-call parser configured",
+                               param="tools")  # fmt: skip
 
     def _engine_body(self, parsed: InferenceRequest, deployment: Deployment) -> dict[str, Any]:
-        body = parsed.engine_body()
-        body["model"] = deployment.plan.remote_model or deployment.plan.model
-        if parsed.stream:
-            body["stream_options"] = {"include_usage": True}
+        if not isinstance(parsed, ChatCompletionRequest | CompletionRequest):
+            body = parsed.engine_body()
+            body["model"] = deployment.plan.remote_model or deployment.plan.model
+            return body
+        limit = parsed.token_limit()
         cap = self.settings.max_tokens_cap
-        if cap is not None and "max_tokens" not in body and "input" not in body:
-            body["max_tokens"] = cap
-        return body
+        if limit is not None and cap is not None and limit > cap:
+            param = "max_completion_tokens" if getattr(parsed, "max_completion_tokens", None) else "max_tokens"
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} {limit} exceeds this server's cap of {cap}",
+                               param=param)  # fmt: skip
+        default = deployment.default_max_tokens if deployment.default_max_tokens is not None else cap
+        engine_request: EngineRequest = build_engine_request(
+            parsed, model=deployment.plan.remote_model or deployment.plan.model, default_max_tokens=default
+        )
+        return deployment.adapter.translate_request(engine_request)
 
     # -- non-streaming ----------------------------------------------------------------------------------
-    async def _unary(
-        self,
-        kind: RequestKind,
-        body: dict[str, Any],
-        deployment: Deployment,
-        request: Request,
-        ctx: RequestContext,
-    ) -> Response:
-        model = deployment.name
+    async def _unary(self, scope: RequestScope, body: dict[str, Any], request: Request) -> UnaryResult:
         status = 500
         tokens: tuple[int, int] | None = None
-        admitted_at: float | None = None
         try:
-            await self._admit(deployment)
-            admitted_at = time.monotonic()
-            url = deployment.worker.base_url() + PATHS[kind]
-            upstream = asyncio.ensure_future(self._post(url, body, deployment))
+            if not scope.try_admit():
+                await scope.admit()
+            upstream = asyncio.ensure_future(self._post(scope.deployment, scope.ctx.kind, body))
             gone = asyncio.ensure_future(_wait_disconnect(request))
             try:
                 done, _ = await asyncio.wait({upstream, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -155,24 +146,21 @@ class Service:
                 upstream.cancel()  # closing the connection makes the worker abort the generation
                 with contextlib.suppress(BaseException):
                     await upstream
-                status = 499
-                return Response(status_code=499)
-            data = upstream.result()
-            payload = self._normalize(kind, data)
+                status = CLIENT_GONE
+                return UnaryResult(None, CLIENT_GONE)
+            payload = _normalize(scope.ctx.kind, upstream.result())
             usage = payload.get("usage") or {}
             tokens = (int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
             status = 200
-            return JSONResponse(payload)
+            return UnaryResult(payload)
         except GatewayError as exc:
             status = exc.status
             raise
         finally:
-            if admitted_at is not None:
-                deployment.admission.release(time.monotonic() - admitted_at)
-                self.metrics.running.labels(model).set(deployment.admission.running)
-            self._finish(ctx, deployment, kind, status, tokens, None)
+            scope.finish(status, tokens)
 
-    async def _post(self, url: str, body: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
+    async def _post(self, deployment: Deployment, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
+        url = deployment.worker.base_url() + PATHS[kind]
         try:
             response = await self.client.post(url, json=body, timeout=self._upstream_timeout)
         except httpx.HTTPError as exc:
@@ -188,193 +176,17 @@ class Service:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "worker sent an unexpected body")
         return data
 
-    @staticmethod
-    def _normalize(kind: RequestKind, data: dict[str, Any]) -> dict[str, Any]:
-        """One response shape whichever engine answered (required fields filled, extras dropped)."""
-        try:
-            if kind is RequestKind.CHAT:
-                return ChatCompletion.model_validate(data).model_dump(mode="json")
-            if kind is RequestKind.COMPLETION:
-                return Completion.model_validate(data).model_dump(mode="json")
-        except ValueError as exc:
-            raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}") from None
-        return data
 
-    # -- streaming --------------------------------------------------------------------------------------
-    async def _stream(
-        self,
-        kind: RequestKind,
-        parsed: InferenceRequest,
-        body: dict[str, Any],
-        deployment: Deployment,
-        ctx: RequestContext,
-    ) -> Response:
-        model = deployment.name
-        options = getattr(parsed, "stream_options", None)
-        include_usage = options is not None and options.include_usage
-        stats = StreamStats()
-        state = _StreamState()
-        url_path = PATHS[kind]
-
-        async def open_upstream() -> httpx.Response:
-            url = deployment.worker.base_url() + url_path
-            try:
-                req = self.client.build_request("POST", url, json=body, timeout=self._upstream_timeout)
-                response = await self.client.send(req, stream=True)
-            except httpx.HTTPError as exc:
-                raise transport_error(exc, model) from None
-            if response.status_code != 200:
-                content = await response.aread()
-                await response.aclose()
-                raise upstream_error_to_gateway(deployment.adapter.normalize_error(response.status_code, content))
-            state.upstream = response
-            return response
-
-        def relay(upstream: httpx.Response) -> AsyncGenerator[bytes, None]:
-            return relay_stream(
-                sse_frames(upstream), stats, model=model, include_usage=include_usage,
-                keepalive_s=self.settings.keepalive_interval_s,
-            )  # fmt: skip
-
-        async def on_close() -> None:
-            if state.closed:
-                return
-            state.closed = True
-            if state.upstream is not None:
-                await state.upstream.aclose()
-            if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
-                deployment.admission.release(time.monotonic() - (state.admitted_at or time.monotonic()))
-            elif not acquire.done():
-                acquire.cancel()
-                with contextlib.suppress(BaseException):
-                    await acquire
-            self.metrics.running.labels(model).set(deployment.admission.running)
-            status = state.status
-            if stats.error is not None and status == 200:
-                status = stats.error.status
-            if status == 200 and not stats.completed and stats.error is None:
-                status = 499  # the client went away
-            tokens = None
-            if stats.completion_tokens is not None:
-                tokens = (stats.prompt_tokens or 0, stats.completion_tokens)
-            self._finish(ctx, deployment, kind, status, tokens, stats)
-
-        admission = deployment.admission
-        if admission.running < admission.capacity and not admission.waiting:
-            # A free slot is granted without waiting: no task, no timer, no extra loop turn before the send.
-            acquire: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            try:
-                await self._admit(deployment)
-            except GatewayError as exc:
-                acquire.set_exception(exc)
-            else:
-                acquire.set_result(None)
-            done = {acquire}
-        else:
-            acquire = asyncio.ensure_future(self._admit(deployment))
-            done, _ = await asyncio.wait({acquire}, timeout=self.settings.keepalive_interval_s)
-        if done:
-            try:
-                acquire.result()
-                state.admitted_at = time.monotonic()
-                upstream = await open_upstream()
-            except GatewayError as exc:
-                state.status = exc.status
-                await on_close()
-                raise
-            return RelayResponse(_settle_before_done(relay(upstream), on_close), on_close, headers=SSE_HEADERS)
-
-        async def queued_then_relay() -> AsyncGenerator[bytes, None]:
-            # Headers are out: keep the client's connection alive while queued, errors become SSE frames.
-            while not acquire.done():
-                yield b": waiting for a free slot\n\n"
-                await asyncio.wait({acquire}, timeout=self.settings.keepalive_interval_s)
-            try:
-                acquire.result()
-                state.admitted_at = time.monotonic()
-                upstream = await open_upstream()
-            except GatewayError as exc:
-                stats.error = exc
-                state.status = exc.status
-                yield sse_error_frame(exc)
-                yield DONE_FRAME
-                return
-            async for frame in relay(upstream):
-                yield frame
-
-        return RelayResponse(_settle_before_done(queued_then_relay(), on_close), on_close, headers=SSE_HEADERS)
-
-    # -- shared -----------------------------------------------------------------------------------------
-    async def _admit(self, deployment: Deployment) -> None:
-        model = deployment.name
-        self.metrics.queue_depth.labels(model).set(deployment.admission.waiting + 1)
-        try:
-            waited = await deployment.admission.acquire()
-        except GatewayError as exc:
-            self.metrics.rejections.labels(model, exc.code.value).inc()
-            raise
-        finally:
-            self.metrics.queue_depth.labels(model).set(deployment.admission.waiting)
-        self.metrics.queue_time.labels(model).observe(waited)
-        self.metrics.running.labels(model).set(deployment.admission.running)
-
-    def _finish(
-        self,
-        ctx: RequestContext,
-        deployment: Deployment,
-        kind: RequestKind,
-        status: int,
-        tokens: tuple[int, int] | None,
-        stats: StreamStats | None,
-    ) -> None:
-        model = deployment.name
-        total = (tokens[0] + tokens[1]) if tokens else 0
-        ctx.principal.done(total)
-        if tokens:
-            self.metrics.prompt_tokens.labels(model).inc(tokens[0])
-            self.metrics.generation_tokens.labels(model).inc(tokens[1])
-        self.metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
-        if stats is not None and stats.first_token_at is not None:
-            self.metrics.ttft.labels(model).observe(stats.first_token_at - ctx.started)
-            itl = self.metrics.itl.labels(model)
-            for gap in stats.inter_chunk_s:
-                itl.observe(gap)
-        self._account(ctx, model, kind, status, tokens)
-
-    def _account(
-        self, ctx: RequestContext, model: str, kind: RequestKind, status: int, tokens: tuple[int, int] | None
-    ) -> None:
-        self.metrics.requests.labels(model, kind.value, str(status)).inc()
-        access_log.info(
-            json.dumps(
-                {
-                    "request_id": ctx.request_id,
-                    "model": model,
-                    "endpoint": kind.value,
-                    "key_id": ctx.principal.key_id,
-                    "status": status,
-                    "prompt_tokens": tokens[0] if tokens else None,
-                    "completion_tokens": tokens[1] if tokens else None,
-                    "latency_ms": round((time.monotonic() - ctx.started) * 1000, 1),
-                    **({"prompt": ctx.prompt} if ctx.prompt is not None else {}),
-                }
-            )
-        )
-
-
-async def _settle_before_done(
-    frames: AsyncGenerator[bytes, None], settle: Callable[[], Awaitable[None]]
-) -> AsyncGenerator[bytes, None]:
-    """Release the slot and the key's in-flight count, and account the request, before the client sees
-    `[DONE]`: a client that sends its next request the moment a stream ends must never be queued or
-    refused (per-key max_concurrent) because of the stream it has just finished."""
+def _normalize(kind: RequestKind, data: dict[str, Any]) -> dict[str, Any]:
+    """One response shape whichever engine answered (required fields filled, extras dropped)."""
     try:
-        async for frame in frames:
-            if frame == DONE_FRAME:
-                await settle()
-            yield frame
-    finally:
-        await frames.aclose()
+        if kind is RequestKind.CHAT:
+            return ChatCompletion.model_validate(data).wire()
+        if kind is RequestKind.COMPLETION:
+            return Completion.model_validate(data).model_dump(mode="json")
+    except ValueError as exc:
+        raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}") from None
+    return data
 
 
 async def _wait_disconnect(request: Request) -> None:

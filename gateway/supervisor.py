@@ -6,8 +6,11 @@
         └──stop()──── STOPPING ◀──stop()──── FAILED ─backoff─▶ STARTING
 
 A worker runs in its own process group (start_new_session) so stop() can signal everything it spawned:
-SIGTERM to the group, a grace period, then SIGKILL. Unexpected exits restart with exponential backoff
-(1 s doubling to 60 s, reset after a minute of health), so an OOM crash loop cannot spin.
+SIGTERM to the group, a grace period, then SIGKILL. Unexpected exits and failed starts restart with
+exponential backoff, 1 s doubling to 60 s, so an OOM crash loop cannot spin. A worker that had been READY
+for `healthy_reset_s` (30 s by default) when it died starts again from 1 s: a crash after a while of
+serving is a new incident, not part of a loop. That healthy time counts from READY, not from launch, so a
+model that loads for minutes and dies as soon as it is up keeps backing off.
 """
 
 from __future__ import annotations
@@ -23,27 +26,22 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from enum import StrEnum
 
 import httpx
 
 from backends.base import LaunchSpec
 from gateway.errors import ErrorCode, GatewayError
+from gateway.workers import WorkerState
+
+__all__ = ["WorkerProcess", "WorkerStartError", "WorkerState", "pick_free_port"]
 
 log = logging.getLogger("voltgate.supervisor")
 
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 60.0
-HEALTHY_RESET_S = 60.0
+HEALTHY_RESET_S = 30.0
+"""Default `healthy_reset_s`: READY this long before a crash, and the next restart waits BACKOFF_INITIAL_S."""
 LOG_TAIL_LINES = 40
-
-
-class WorkerState(StrEnum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    FAILED = "failed"
 
 
 class WorkerStartError(Exception):
@@ -66,11 +64,8 @@ def _set_parent_death_signal() -> None:
 
 
 class WorkerProcess:
-    """One supervised worker. All methods run on the event loop; none blocks it.
-
-    Callers never inspect `state` to decide: `base_url()` answers the URL when READY and raises the right
-    503 otherwise, and `stop()` is safe in every state and idempotent.
-    """
+    """One supervised worker process: a `gateway.workers.Worker` (whose docstring states the race
+    semantics). All methods run on the event loop; none blocks it."""
 
     def __init__(
         self,
@@ -80,6 +75,7 @@ class WorkerProcess:
         client: httpx.AsyncClient,
         host: str = "127.0.0.1",
         on_state: Callable[[str, WorkerState], None] | None = None,
+        healthy_reset_s: float = HEALTHY_RESET_S,
     ) -> None:
         self.name = name
         self._spec_for_port = spec_for_port
@@ -97,6 +93,7 @@ class WorkerProcess:
         self._stopping = False
         self._ready = asyncio.Event()
         self._backoff_s = BACKOFF_INITIAL_S
+        self._healthy_reset_s = healthy_reset_s
         self._next_start_at: float | None = None
         self._log_task: asyncio.Task[None] | None = None
 
@@ -158,9 +155,10 @@ class WorkerProcess:
 
     async def _supervise(self) -> None:
         while not self._stopping:
-            started_at = time.monotonic()
+            ready_at: float | None = None
             try:
                 await self._launch_and_wait_ready()
+                ready_at = time.monotonic()
                 returncode = await self._proc.wait() if self._proc else -1
                 if self._stopping:
                     return
@@ -178,8 +176,8 @@ class WorkerProcess:
             if self._stopping:
                 return
             self._set_state(WorkerState.FAILED)
-            if time.monotonic() - started_at > HEALTHY_RESET_S:
-                self._backoff_s = BACKOFF_INITIAL_S
+            if ready_at is not None and time.monotonic() - ready_at >= self._healthy_reset_s:
+                self._backoff_s = BACKOFF_INITIAL_S  # it served for a while: not a crash loop
             delay = self._backoff_s
             self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
             self._next_start_at = time.monotonic() + delay

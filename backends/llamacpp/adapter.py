@@ -15,13 +15,16 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
+from backends.request import EngineRequest
 
 
 class LlamaCppAdapter:
     engine: ClassVar[EngineName] = EngineName.LLAMACPP
-    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
-        kinds=frozenset({RequestKind.CHAT, RequestKind.COMPLETION}), json_mode=True
-    )
+
+    def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
+        del plan
+        kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True)
 
     def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
         self._python = python
@@ -62,10 +65,9 @@ class LlamaCppAdapter:
             fatal_log_patterns=(r"failed to load model", r"CUDA error: out of memory"),
         )
 
-    def translate_request(self, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
-        """Our worker speaks the OpenAI dialect plus the extensions the gateway validated; pass through."""
-        del kind
-        return body
+    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
+        """Our worker validates the body with the same `EngineRequest` model."""
+        return request.wire()
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:
         return normalize_openai_error(status, body)

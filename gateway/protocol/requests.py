@@ -1,7 +1,7 @@
 """Request bodies for /v1/chat/completions, /v1/completions and /v1/embeddings, validated strictly.
 
-What no engine here can honour (n > 1, tools, logprobs, image parts, ...) is refused with a 400 that
-names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
+What no engine here can honour (n > 1, logprobs, image parts, legacy functions, ...) is refused with a 400
+that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
 no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's own API does.
 """
 
@@ -12,6 +12,22 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from backends.request import (
+    STOP_LIMIT,
+    MaxTokens,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    ResponseFormat,
+    StopString,
+    Temperature,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    TopK,
+    TopLogprobs,
+    TopP,
+)
 from gateway.errors import ErrorCode, GatewayError
 
 
@@ -64,15 +80,24 @@ class AssistantMessage(_Message):
     role: Literal["assistant"]
     content: str | list[ContentPart] | None = None
     refusal: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: dict[str, Any] | None = None
 
 
 class ToolMessage(_Message):
-    role: Literal["tool", "function"]
-    content: str | list[ContentPart] | None = None
+    role: Literal["tool"]
+    content: str | list[ContentPart]
+    tool_call_id: str = Field(min_length=1)
 
 
-Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+class FunctionMessage(_Message):
+    role: Literal["function"]
+    content: str | None = None
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage, Field(discriminator="role")
+]
 
 
 class StreamOptions(_Strict):
@@ -80,41 +105,34 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
-Stop = Annotated[str, Field(min_length=1)]
-
-
 class _Sampling(_Body):
-    """Fields shared by chat and text completions; ranges as OpenAI documents them."""
+    """Fields shared by chat and text completions; ranges as OpenAI documents them, shared with the engine
+    request (`backends.request`) so that the gateway and the workers can never disagree on a bound."""
 
     model: str = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: int | None = Field(default=None, ge=1, le=128)
-    stop: Stop | list[Stop] | None = None
+    stop: StopString | list[StopString] | None = None
     seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Extensions understood by both engines (LMDeploy and our llama.cpp worker).
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
 
     @field_validator("stop")
     @classmethod
-    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and len(stop) > 4:
-            raise ValueError("at most 4 stop sequences")
+    def _stop_limit(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > STOP_LIMIT:
+            raise ValueError(f"at most {STOP_LIMIT} stop sequences")
         return stop
 
     @field_validator("stream_options")
@@ -136,15 +154,25 @@ class _Sampling(_Body):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: MaxTokens | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    top_logprobs: TopLogprobs | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     modalities: list[str] | None = None
@@ -156,12 +184,13 @@ class ChatCompletionRequest(_Sampling):
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
-        if self.tools:
-            problems.append(("tools", "tool calling is not supported by this model's engine"))
+        legacy = "legacy function calling is not supported; send the same definitions as `tools`"
         if self.functions:
-            problems.append(("functions", "function calling is not supported by this model's engine"))
-        if self.tool_choice not in (None, "none") and not self.tools:
-            problems.append(("tool_choice", "tool_choice needs tools, which are not supported"))
+            problems.append(("functions", legacy))
+        if self.function_call is not None:
+            problems.append(("function_call", legacy + " and `tool_choice`"))
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            problems.append(("tool_choice", "tool_choice needs `tools`"))
         if self.logprobs:
             problems.append(("logprobs", "logprobs are not supported yet"))
         if self.top_logprobs:
@@ -172,31 +201,25 @@ class ChatCompletionRequest(_Sampling):
             problems.append(("audio", "audio output is not supported"))
         if self.prediction:
             problems.append(("prediction", "predicted outputs are not supported"))
-        if self.response_format is not None and self.response_format.type == "json_schema":
-            problems.append(("response_format", 'json_schema is not supported; use {"type": "json_object"}'))
-        for i, message in enumerate(self.messages):
-            if isinstance(message, ToolMessage):
-                problems.append((f"messages[{i}].role", f"role {message.role!r} needs tool support"))
-            content = getattr(message, "content", None)
-            if isinstance(content, list):
-                for j, part in enumerate(content):
-                    if isinstance(part, _OtherPart):
-                        problems.append(
-                            (
-                                f"messages[{i}].content[{j}].type",
-                                f"content parts of type {part.type!r} are not supported",
-                            )
-                        )
+        problems += _message_problems(self.messages)
         return problems
 
-    def engine_body(self) -> dict[str, Any]:
-        """The request as sent to an engine: content flattened to strings, max_tokens resolved."""
-        body = self.model_dump(exclude_none=True, exclude={"messages", "max_completion_tokens", "user"})
-        body["messages"] = [{"role": m.role, "content": m.text()} for m in self.messages]
-        limit = self.token_limit()
-        if limit is not None:
-            body["max_tokens"] = limit
-        return body
+
+def _message_problems(messages: list[Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, FunctionMessage):
+            problems.append((f"messages[{i}].role", "role 'function' is legacy; send a 'tool' message"))
+        if isinstance(message, AssistantMessage) and message.function_call is not None:
+            problems.append((f"messages[{i}].function_call", "legacy function_call; send `tool_calls`"))
+        content = getattr(message, "content", None)
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, _OtherPart) and not (part.type == "refusal" and message.role == "assistant"):
+                    problems.append(
+                        (f"messages[{i}].content[{j}].type", f"content parts of type {part.type!r} are not supported")
+                    )
+    return problems
 
 
 class CompletionRequest(_Sampling):
@@ -220,11 +243,8 @@ class CompletionRequest(_Sampling):
             problems.append(("suffix", "suffix is not supported"))
         return problems
 
-    def engine_body(self) -> dict[str, Any]:
-        body = self.model_dump(exclude_none=True, exclude={"user", "echo", "best_of", "suffix"})
-        if isinstance(self.prompt, list):
-            body["prompt"] = self.prompt[0]
-        return body
+    def prompt_text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
 
 
 class EmbeddingRequest(_Body):
@@ -247,7 +267,7 @@ R = TypeVar("R", ChatCompletionRequest, CompletionRequest, EmbeddingRequest)
 
 
 _TAGS = {"system", "developer", "user", "assistant", "tool", "function", "text", "image_url", "input_audio", "file",
-         "refusal"}  # fmt: skip
+         "refusal", "function-after", "json-or-python"}  # fmt: skip
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -265,6 +285,22 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     return out or None
 
 
+def validation_error(exc: ValidationError) -> GatewayError:
+    """pydantic's first error as a 400 naming the client's parameter (e.g. `messages[0].content`)."""
+    first = exc.errors()[0]
+    param = _param(tuple(first["loc"]))
+    if first["type"] == "missing":
+        message = f"missing required parameter: {param}"
+    elif first["type"] == "union_tag_invalid":
+        tag_field = str(first["ctx"]["discriminator"]).strip("'")
+        value = first["input"].get(tag_field) if isinstance(first["input"], dict) else first["input"]
+        param = f"{param}.{tag_field}" if param else tag_field
+        message = f"{param}: unsupported value {value!r} (expected {first['ctx']['expected_tags']})"
+    else:
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+    return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param)
+
+
 def parse_request(raw: bytes, model_type: type[R]) -> R:
     """Decode and validate a request body, or raise a 400 `GatewayError` naming the offending parameter."""
     try:
@@ -276,18 +312,7 @@ def parse_request(raw: bytes, model_type: type[R]) -> R:
     try:
         request = model_type.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _param(tuple(first["loc"]))
-        if first["type"] == "missing":
-            message = f"missing required parameter: {param}"
-        elif first["type"] == "union_tag_invalid":
-            tag_field = str(first["ctx"]["discriminator"]).strip("'")
-            value = first["input"].get(tag_field) if isinstance(first["input"], dict) else first["input"]
-            param = f"{param}.{tag_field}" if param else tag_field
-            message = f"{param}: unsupported value {value!r} (expected {first['ctx']['expected_tags']})"
-        else:
-            message = f"{param}: {first['msg']}" if param else first["msg"]
-        raise GatewayError(ErrorCode.INVALID_REQUEST, message, param=param) from None
+        raise validation_error(exc) from None
     problems = request.unsupported()
     if problems:
         param, reason = problems[0]

@@ -24,16 +24,28 @@ class CompletionUsage(_Out):
     prompt_tokens_details: dict[str, Any] | None = None
 
 
+class FunctionCall(_Out):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Out):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatCompletionMessage(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Out):
     index: int = 0
     message: ChatCompletionMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason = "stop"
 
 
@@ -45,11 +57,27 @@ class ChatCompletion(_Out):
     choices: list[ChatChoice]
     usage: CompletionUsage | None = None
 
+    def wire(self) -> dict[str, Any]:
+        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent."""
+        body = self.model_dump(mode="json")
+        for choice in body["choices"]:
+            if choice["message"].get("tool_calls") is None:
+                choice["message"].pop("tool_calls", None)
+        return body
+
+
+class ToolCallDelta(_Out):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: dict[str, str] | None = None
+
 
 class ChunkDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(_Out):
@@ -89,6 +117,8 @@ class Model(_Out):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "voltgate"
+    capabilities: dict[str, bool] | None = Field(default=None, description="voltgate extension: what it can do")
+    engine: str | None = Field(default=None, description="voltgate extension: the engine serving it")
 
 
 class ModelList(_Out):

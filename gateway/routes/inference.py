@@ -1,17 +1,21 @@
-"""POST /v1/chat/completions, /v1/completions, /v1/embeddings."""
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings: parse → service → render."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
+from gateway.auth import ANONYMOUS
+from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_request
+from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.context import AppContext, app_context
-from gateway.service import RequestContext
+from gateway.service import RequestContext, StreamSession, UnaryResult
 
 router = APIRouter()
 
@@ -27,14 +31,49 @@ def _body_schema(model: type[Any]) -> dict[str, Any]:
     }
 
 
-async def _handle(request: Request, kind: RequestKind, model_type: type[Any]) -> Response:
+def _model_hint(raw: bytes) -> str | None:
+    """The `model` a refused body named, for its access-log line and metric (never trusted otherwise)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def render(result: UnaryResult | StreamSession) -> Response:
+    """The HTTP response for a service result (shared by every API that rides on the chat path)."""
+    if isinstance(result, StreamSession):
+        return RelayResponse(result.frames(), result.close, headers=SSE_HEADERS)
+    if result.body is None:
+        return Response(status_code=result.status)
+    return JSONResponse(result.body, status_code=result.status)
+
+
+async def begin(request: Request, kind: RequestKind) -> tuple[AppContext, RequestContext, bytes]:
+    """Authenticate and read the body; a refusal here is accounted like every other."""
     app: AppContext = app_context(request)
-    started = time.monotonic()
-    principal = app.keys.authenticate(request.headers.get("authorization"))
-    app.check_accepting()
-    parsed = parse_request(await request.body(), model_type)
-    ctx = RequestContext(request_id=request.state.request_id, principal=principal, started=started)
-    return await app.service.handle(kind, parsed, request, ctx)
+    ctx = RequestContext(request_id=request.state.request_id, principal=ANONYMOUS, started=time.monotonic(),
+                         kind=kind)  # fmt: skip
+    raw = b""
+    try:
+        raw = await request.body()
+        ctx.principal = app.keys.authenticate(request.headers.get("authorization"))
+        app.check_accepting()
+    except GatewayError as exc:
+        app.service.refused(ctx, exc, _model_hint(raw))
+        raise
+    return app, ctx, raw
+
+
+async def _handle(request: Request, kind: RequestKind, model_type: type[Any]) -> Response:
+    app, ctx, raw = await begin(request, kind)
+    try:
+        parsed = parse_request(raw, model_type)
+    except GatewayError as exc:
+        app.service.refused(ctx, exc, _model_hint(raw))
+        raise
+    return render(await app.service.handle(parsed, request, ctx))
 
 
 @router.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))

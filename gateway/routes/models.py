@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import Model, ModelList
 from gateway.routes.context import app_context
@@ -17,7 +18,7 @@ async def list_models(request: Request) -> JSONResponse:
     app = app_context(request)
     principal = app.keys.authenticate(request.headers.get("authorization"))
     data = [
-        Model(id=d.name, created=d.created)
+        _model(d)
         for d in app.registry
         if not principal.models or d.name in principal.models or set(d.aliases) & set(principal.models)
     ]
@@ -33,4 +34,14 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
         principal.check_model(deployment.name, deployment.aliases)
     except GatewayError:
         raise GatewayError(ErrorCode.MODEL_NOT_FOUND, f"The model {model_id!r} does not exist", param="model") from None
-    return JSONResponse(Model(id=deployment.name, created=deployment.created).model_dump(mode="json"))
+    return JSONResponse(_model(deployment).model_dump(mode="json"))
+
+
+def _model(deployment: Deployment) -> Model:
+    """An OpenAI model entry plus voltgate's extension fields: the engine and what the model can do."""
+    return Model(
+        id=deployment.name,
+        created=deployment.created,
+        engine=deployment.plan.engine.value,
+        capabilities=deployment.capabilities.public(),
+    )

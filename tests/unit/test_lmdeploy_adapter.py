@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import DeploymentPlan, EngineName, LMDeployOptions, RequestKind
+from backends.base import DeploymentPlan, EngineName, LMDeployOptions
 from backends.lmdeploy import LMDeployAdapter, LMDeployNotInstalled
+from backends.request import EngineRequest
 
 
 @pytest.fixture
@@ -127,21 +128,50 @@ def test_executable_is_found_on_path(lmdeploy_bin: str, monkeypatch: pytest.Monk
 
 
 def test_requests_are_translated_to_lmdeploy_dialect() -> None:
-    body = {
-        "model": "m",
-        "messages": [],
-        "stream": True,
-        "stream_options": {"include_usage": False},
-        "max_tokens": 5,
-        "top_k": 40,
-        "repetition_penalty": 1.1,
-        "ignore_eos": True,
-        "response_format": {"type": "json_object"},
-    }
-    out = LMDeployAdapter().translate_request(RequestKind.CHAT, body)
+    request = EngineRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": False},
+            "max_tokens": 5,
+            "top_k": 40,
+            "repetition_penalty": 1.1,
+            "ignore_eos": True,
+            "response_format": {"type": "json_object"},
+        }
+    )
+    out = LMDeployAdapter().translate_request(request)
     assert out["stream_options"] == {"include_usage": True}
     assert out["max_tokens"] == 5 and out["top_k"] == 40 and out["repetition_penalty"] == 1.1 and out["ignore_eos"]
     assert out["response_format"]["type"] == "json_schema"
+    assert out["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_tools_and_json_schema_pass_to_lmdeploy_in_openai_shape() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    request = EngineRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        }
+    )
+    out = LMDeployAdapter().translate_request(request)
+    assert out["tools"] == [tool]
+    assert out["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert out["response_format"] == {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+
+
+def test_the_plans_tool_parser_becomes_lmdeploys_flag_and_enables_tools(lmdeploy_bin: str) -> None:
+    with_parser = plan(lmdeploy_bin).model_copy(update={"tool_parser": "qwen"})
+    argv = LMDeployAdapter().launch_spec(with_parser, port=1).argv
+    assert argv[argv.index("--tool-call-parser") + 1] == "qwen"
+    assert LMDeployAdapter().capabilities(with_parser).tools
+    assert not LMDeployAdapter().capabilities(plan(lmdeploy_bin)).tools
+    assert "--tool-call-parser" not in LMDeployAdapter().launch_spec(plan(lmdeploy_bin), port=1).argv
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from backends.request import EngineRequest
+from gateway.engine_requests import build_engine_request
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
@@ -35,7 +37,11 @@ def reject(body: object, model_type: type = ChatCompletionRequest) -> GatewayErr
         ({"model": "m", "messages": USER, "temperature": "hot"}, "temperature"),
         ({"model": "m", "messages": USER, "top_p": 0}, "top_p"),
         ({"model": "m", "messages": USER, "presence_penalty": -3}, "presence_penalty"),
-        ({"model": "m", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": "m", "messages": USER, "stop": [str(i) for i in range(17)]}, "stop"),
+        ({"model": "m", "messages": USER, "repetition_penalty": 20}, "repetition_penalty"),
+        ({"model": "m", "messages": USER, "top_p": 1.5}, "top_p"),
+        ({"model": "m", "messages": USER, "tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"model": "m", "messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
         ({"model": "m", "messages": USER, "stream": "yes please"}, "stream"),
     ],
@@ -51,11 +57,11 @@ def test_schema_violations_are_400_naming_the_parameter(body: dict, param: str) 
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ],
 )
 def test_parameters_no_engine_can_honour_are_refused_by_name(extra: dict, param: str) -> None:
@@ -79,6 +85,10 @@ def test_a_json_array_body_is_refused() -> None:
     assert reject(b"[1, 2]").code is ErrorCode.INVALID_REQUEST
 
 
+def engine(body: dict, model_type: type = ChatCompletionRequest, **kwargs: object) -> EngineRequest:
+    return build_engine_request(parse_request(json.dumps(body).encode(), model_type), model="worker-name", **kwargs)
+
+
 def test_text_parts_are_flattened_for_the_engine_and_max_completion_tokens_wins() -> None:
     body = {
         "model": "m",
@@ -86,20 +96,61 @@ def test_text_parts_are_flattened_for_the_engine_and_max_completion_tokens_wins(
         "max_tokens": 99,
         "max_completion_tokens": 7,
     }
-    request = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
-    engine = request.engine_body()
-    assert engine["messages"] == [{"role": "user", "content": "ab"}]
-    assert engine["max_tokens"] == 7
-    assert "max_completion_tokens" not in engine
+    request = engine(body)
+    assert request.wire()["messages"] == [{"role": "user", "content": "ab"}]
+    assert request.max_tokens == 7
+    assert request.model == "worker-name"
+
+
+def test_developer_messages_reach_the_engine_as_system_messages() -> None:
+    body = {"model": "m", "messages": [{"role": "developer", "content": "be brief"}, *USER]}
+    assert [m.role for m in engine(body).messages or ()] == ["system", "user"]
+
+
+def test_a_request_the_gateway_accepts_is_accepted_by_the_worker_model() -> None:
+    """The worker validates the wire body with the same model: what the gateway built must round-trip."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    body = {
+        "model": "m",
+        "messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+        "tools": [tool],
+        "tool_choice": "required",
+        "stop": [str(i) for i in range(8)],
+        "repetition_penalty": 10,
+        "top_p": 1,
+        "stream": True,
+    }  # fmt: skip
+    request = engine(body)
+    again = EngineRequest.model_validate_json(json.dumps(request.wire()))
+    assert again == request
+    assert request.include_usage  # the gateway always asks a streaming engine for usage
+
+
+def test_a_named_tool_choice_must_name_one_of_the_tools() -> None:
+    tool = {"type": "function", "function": {"name": "a"}}
+    body = {
+        "model": "m",
+        "messages": USER,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "b"}},
+    }
+    with pytest.raises(GatewayError) as info:
+        engine(body)
+    assert info.value.param == "tool_choice"
+
+
+def test_the_default_max_tokens_applies_when_the_request_gives_none() -> None:
+    assert engine({"model": "m", "messages": USER}, default_max_tokens=64).max_tokens == 64
+    assert engine({"model": "m", "messages": USER, "max_tokens": 5}, default_max_tokens=64).max_tokens == 5
 
 
 def test_completion_prompt_list_of_one_is_accepted_and_two_refused() -> None:
-    ok = parse_request(json.dumps({"model": "m", "prompt": ["x"]}).encode(), CompletionRequest)
-    assert ok.engine_body()["prompt"] == "x"
+    assert engine({"model": "m", "prompt": ["x"]}, CompletionRequest).prompt == "x"
     assert reject({"model": "m", "prompt": ["x", "y"]}, CompletionRequest).param == "prompt"
 
 
 def test_unknown_top_level_fields_from_frontends_are_ignored() -> None:
     body = {"model": "m", "messages": USER, "metadata": {"chat_id": "1"}, "session_id": "abc"}
-    request = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
-    assert "metadata" not in request.engine_body()
+    assert "metadata" not in engine(body).wire()

@@ -1,0 +1,230 @@
+"""The one typed request between the gateway and its workers: `EngineRequest`.
+
+The gateway validates a client's body against OpenAI's wire types (`gateway.protocol`), maps what belongs
+to it (e.g. the `developer` role to `system`, legacy `functions` to `tools`, content parts to text), and
+builds an `EngineRequest`. Every worker validates the body it receives with this same model, so the bounds
+on both sides are one set of `Annotated` types defined here and imported by the gateway's protocol.
+
+The JSON form uses OpenAI's field names, so a remote OpenAI endpoint or LMDeploy's api_server accepts it
+with little or no translation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+# -- bounds shared with the gateway's wire types ----------------------------------------------------------
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+TopK = Annotated[int, Field(ge=0)]
+MinP = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+RepetitionPenalty = Annotated[float, Field(gt=0, le=10)]
+MaxTokens = Annotated[int, Field(ge=1)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+LogitBias = Annotated[float, Field(ge=-100, le=100)]
+Choices = Annotated[int, Field(ge=1, le=16)]
+StopString = Annotated[str, Field(min_length=1)]
+
+STOP_LIMIT = 16
+"""Stop strings per request. OpenAI allows 4; chat frontends send more, and both engines handle 16."""
+
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FunctionDefinition(_Frozen):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Frozen):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(_Frozen):
+    name: ToolName
+
+
+class NamedToolChoice(_Frozen):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+class FunctionCall(_Frozen):
+    name: str
+    arguments: str = Field(description="JSON text, as OpenAI sends it")
+
+    def arguments_value(self) -> Any:
+        """The arguments parsed (chat templates iterate over them); the raw text if it is not JSON."""
+        try:
+            return json.loads(self.arguments)
+        except ValueError:
+            return self.arguments
+
+
+class ToolCall(_Frozen):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class EngineMessage(_Frozen):
+    """A chat message with its content flattened to text; `tool` messages carry their call's id."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+
+
+class JsonSchemaFormat(_Frozen):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+
+class ResponseFormat(_Frozen):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format.json_schema is required when type is 'json_schema'")
+        return self
+
+
+class StreamOptions(_Frozen):
+    include_usage: bool = False
+
+
+class EngineRequest(_Frozen):
+    """What a worker accepts on /v1/chat/completions (`messages`) or /v1/completions (`prompt`)."""
+
+    model: str = Field(min_length=1)
+    messages: tuple[EngineMessage, ...] | None = None
+    prompt: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: MaxTokens | None = None
+    stop: tuple[StopString, ...] = Field(default=(), max_length=STOP_LIMIT)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool = False
+    n: Choices = 1
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = None
+    logit_bias: dict[int, LogitBias] | None = None
+    response_format: ResponseFormat | None = None
+    tools: tuple[Tool, ...] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    continue_final_message: bool = Field(
+        default=False, description="the last (assistant) message is continued, not followed by a new turn"
+    )
+
+    @model_validator(mode="after")
+    def _one_input(self) -> EngineRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("exactly one of 'messages' and 'prompt' is required")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        tools = info.data.get("tools") or ()
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in 'tools'")
+        return choice
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def active_tools(self) -> tuple[Tool, ...]:
+        """The tools the model may call: none when `tool_choice` is "none", only the named one when named."""
+        tools = self.tools or ()
+        choice = self.tool_choice
+        if choice == "none":
+            return ()
+        if isinstance(choice, NamedToolChoice):
+            return tuple(t for t in tools if t.function.name == choice.function.name)
+        return tools
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body sent to a worker: OpenAI names; top-level fields at their default left out."""
+        body = self.model_dump(mode="json", exclude_none=True, by_alias=True)
+        for name, field in type(self).model_fields.items():
+            if name in body and name != "model" and getattr(self, name) == field.get_default(call_default_factory=True):
+                del body[name]
+        return body
+
+
+# -- embeddings and reranking (the embedding worker: backends/llamacpp/embed_server.py) --------------------
+
+
+class EngineEmbeddingRequest(_Frozen):
+    """What an embedding worker accepts on /v1/embeddings: OpenAI's body, plus `normalize` and `truncate`.
+
+    `input` is one text, many texts, one token array or many token arrays. `dimensions` keeps the first
+    that many components (then re-normalises); only a model served as matryoshka honours it. `truncate`
+    cuts an over-long input to the context instead of refusing it.
+    """
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    normalize: bool = True
+    truncate: bool = False
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body sent to a worker (defaults left out)."""
+        return self.model_dump(mode="json", exclude_defaults=True) | {"model": self.model, "input": self.input}
+
+
+class EngineRerankRequest(_Frozen):
+    """What a rerank worker accepts on /v1/rerank (llama.cpp's, Jina's and Cohere's shape).
+
+    `top_n` keeps the best that many results (all when absent); `return_documents` echoes each document.
+    """
+
+    model: str = Field(min_length=1)
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON body sent to a worker (defaults left out)."""
+        return self.model_dump(mode="json", exclude_defaults=True) | {"model": self.model}

@@ -1,0 +1,265 @@
+"""One object per request from admission to accounting (`RequestScope`), and one per streamed request
+from admission through the upstream response to teardown (`StreamSession`).
+
+Unary and streamed requests share `RequestScope`: `try_admit()` / `admit()` take a slot, `finish()`
+releases it (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
+count and one access-log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from backends.base import RequestKind
+from gateway.auth import Principal
+from gateway.deployments import Deployment
+from gateway.errors import GatewayError, sse_error_frame
+from gateway.metrics import Metrics
+from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
+
+access_log = logging.getLogger("voltgate.access")
+
+PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/completions",
+         RequestKind.EMBEDDING: "/v1/embeddings"}  # fmt: skip
+
+CLIENT_GONE = 499
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    principal: Principal
+    started: float
+    kind: RequestKind = RequestKind.CHAT
+    prompt: Any = None  # what the client sent, kept only when `server.log_prompts` is on
+
+
+def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, tokens: tuple[int, int] | None) -> None:
+    """Count a request and write its one access-log line (every request that reached a route)."""
+    metrics.requests.labels(model, ctx.kind.value, str(status)).inc()
+    access_log.info(
+        json.dumps(
+            {
+                "request_id": ctx.request_id,
+                "model": model,
+                "endpoint": ctx.kind.value,
+                "key_id": ctx.principal.key_id if ctx.principal else None,
+                "status": status,
+                "prompt_tokens": tokens[0] if tokens else None,
+                "completion_tokens": tokens[1] if tokens else None,
+                "latency_ms": round((time.monotonic() - ctx.started) * 1000, 1),
+                **({"prompt": ctx.prompt} if ctx.prompt is not None else {}),
+            }
+        )
+    )
+
+
+class RequestScope:
+    """A request's hold on its deployment: admission slot, the key's in-flight count, accounting.
+
+    Contract: `finish()` is called exactly once per scope (later calls do nothing); it releases the slot
+    if one was taken, so every path (success, error, cancellation, disconnect) releases exactly once.
+    """
+
+    def __init__(self, deployment: Deployment, ctx: RequestContext, metrics: Metrics) -> None:
+        self.deployment = deployment
+        self.ctx = ctx
+        self.metrics = metrics
+        self.admitted_at: float | None = None
+        self.finished = False
+
+    @property
+    def model(self) -> str:
+        return self.deployment.name
+
+    def try_admit(self) -> bool:
+        """Take a free slot without waiting; False when the request would have to queue."""
+        if not self.deployment.admission.try_acquire():
+            return False
+        self._admitted(0.0)
+        return True
+
+    async def admit(self) -> None:
+        """Wait in the deployment's FIFO queue for a slot; raises a 429 `GatewayError` when it is full."""
+        admission = self.deployment.admission
+        self.metrics.queue_depth.labels(self.model).set(admission.waiting + 1)
+        try:
+            waited = await admission.acquire()
+        except GatewayError as exc:
+            self.metrics.rejections.labels(self.model, exc.code.value).inc()
+            raise
+        finally:
+            self.metrics.queue_depth.labels(self.model).set(admission.waiting)
+        self._admitted(waited)
+
+    def _admitted(self, waited_s: float) -> None:
+        self.admitted_at = time.monotonic()
+        self.metrics.queue_time.labels(self.model).observe(waited_s)
+        self.metrics.running.labels(self.model).set(self.deployment.admission.running)
+
+    def finish(self, status: int, tokens: tuple[int, int] | None = None, stats: StreamStats | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.admitted_at is not None:
+            self.deployment.admission.release(time.monotonic() - self.admitted_at)
+            self.metrics.running.labels(self.model).set(self.deployment.admission.running)
+        ctx, metrics, model = self.ctx, self.metrics, self.model
+        ctx.principal.done((tokens[0] + tokens[1]) if tokens else 0)
+        if tokens:
+            metrics.prompt_tokens.labels(model).inc(tokens[0])
+            metrics.generation_tokens.labels(model).inc(tokens[1])
+        metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
+        if stats is not None and stats.first_token_at is not None:
+            metrics.ttft.labels(model).observe(stats.first_token_at - ctx.started)
+            itl = metrics.itl.labels(model)
+            for gap in stats.inter_chunk_s:
+                itl.observe(gap)
+        account(metrics, ctx, model, status, tokens)
+
+
+class StreamSession:
+    """A streamed request: admission (with keep-alives while queued), the upstream response, the relay,
+    and one teardown.
+
+    `open()` runs before the response headers: a request that can be admitted at once and whose upstream
+    refuses it gets a real HTTP error status. One that must queue longer than a keep-alive interval gets
+    its headers and waits with SSE comments; errors after that are SSE error frames. `close()` is
+    idempotent and safe from any task: it closes the upstream (the worker aborts the generation), drops
+    or releases the admission, and accounts the request. The slot is released before the client sees
+    `[DONE]`, so a client that sends its next request at once is never queued behind its own stream.
+    """
+
+    def __init__(
+        self,
+        scope: RequestScope,
+        *,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        include_usage: bool,
+        timeout: httpx.Timeout,
+        keepalive_s: float,
+    ) -> None:
+        self.scope = scope
+        self._client = client
+        self._body = body
+        self._include_usage = include_usage
+        self._timeout = timeout
+        self._keepalive_s = keepalive_s
+        self.stats = StreamStats()
+        self._status = 200
+        self._upstream: httpx.Response | None = None
+        self._queued: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Admit and open the upstream, or start queueing; raises `GatewayError` (before headers)."""
+        try:
+            if not self.scope.try_admit():
+                self._queued = asyncio.ensure_future(self.scope.admit())
+                done, _ = await asyncio.wait({self._queued}, timeout=self._keepalive_s)
+                if not done:
+                    return  # headers go out; `frames()` keeps the client alive while queued
+                self._queued.result()
+                self._queued = None
+            await self._open_upstream()
+        except GatewayError as exc:
+            self._status = exc.status
+            await self.close()
+            raise
+
+    async def _open_upstream(self) -> None:
+        deployment = self.scope.deployment
+        url = deployment.worker.base_url() + PATHS[self.scope.ctx.kind]
+        try:
+            request = self._client.build_request("POST", url, json=self._body, timeout=self._timeout)
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, deployment.name) from None
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            raise upstream_error_to_gateway(deployment.adapter.normalize_error(response.status_code, content))
+        self._upstream = response
+
+    async def frames(self) -> AsyncGenerator[bytes, None]:
+        """The SSE byte runs for the client; always ends with `[DONE]`."""
+        try:
+            if self._queued is not None:
+                async for frame in self._wait_in_queue():
+                    yield frame
+                if self._upstream is None:
+                    return
+            assert self._upstream is not None
+            relay = relay_stream(
+                sse_frames(self._upstream), self.stats, model=self.scope.model,
+                include_usage=self._include_usage, keepalive_s=self._keepalive_s,
+            )  # fmt: skip
+            try:
+                async for frame in relay:
+                    if frame == DONE_FRAME:
+                        await self.close()
+                    yield frame
+            finally:
+                await relay.aclose()
+        finally:
+            await self.close()
+
+    async def _wait_in_queue(self) -> AsyncIterator[bytes]:
+        assert self._queued is not None
+        while not self._queued.done():
+            yield b": waiting for a free slot\n\n"
+            await asyncio.wait({self._queued}, timeout=self._keepalive_s)
+        try:
+            self._queued.result()
+            self._queued = None
+            await self._open_upstream()
+        except GatewayError as exc:
+            self.stats.error = exc
+            self._status = exc.status
+            yield sse_error_frame(exc)
+            yield DONE_FRAME
+
+    async def chunks(self) -> AsyncGenerator[dict[str, Any], None]:
+        """The stream as parsed `data:` objects (chunks, or `{"error": ...}`), for API translation layers."""
+        async for run in self.frames():
+            for frame in run.split(b"\n\n"):
+                if frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
+                    with contextlib.suppress(ValueError):
+                        data = json.loads(frame[6:])
+                        if isinstance(data, dict):
+                            yield data
+
+    async def close(self) -> None:
+        if self.scope.finished:
+            return
+        if self._upstream is not None:
+            await self._upstream.aclose()
+        if self._queued is not None and not self._queued.done():
+            self._queued.cancel()
+            with contextlib.suppress(BaseException):
+                await self._queued
+        if self.scope.finished:  # finished while we awaited
+            return
+        self.scope.finish(self._final_status(), self._tokens(), self.stats)
+
+    def _final_status(self) -> int:
+        stats = self.stats
+        if stats.error is not None and self._status == 200:
+            return stats.error.status
+        if self._status == 200 and not stats.completed and stats.error is None:
+            return CLIENT_GONE
+        return self._status
+
+    def _tokens(self) -> tuple[int, int] | None:
+        if self.stats.completion_tokens is None:
+            return None
+        return (self.stats.prompt_tokens or 0, self.stats.completion_tokens)

@@ -1,0 +1,62 @@
+"""The one interface the gateway has to a model's worker, whatever runs it.
+
+Three things implement `Worker`: `gateway.supervisor.WorkerProcess` (a local engine process it starts and
+restarts), `gateway.remote.RemoteEndpoint` (an OpenAI endpoint on another host, health-checked) and the
+test double `tests.fakes.asgi_worker.FakeWorker` (an in-process ASGI app). The service layer and the
+routes only ever call what is declared here.
+
+    STOPPED ─start()─▶ STARTING ─ready─▶ READY ─crash / unhealthy─▶ FAILED ─retry─▶ STARTING
+       ▲                                   │                          │
+       └────────────── stop() (from any state, through STOPPING) ─────┘
+
+Race semantics, as llama-swap documents its `Process`:
+* `base_url()` decides inside the state machine: callers never read `state` to decide whether to send.
+  It answers the URL only while READY, and otherwise raises the right 503 `GatewayError` (with
+  Retry-After) at once; it never waits. A URL handed out may still fail a moment later (the worker crashed
+  in between): the caller treats the transport error as a 503 for that one request.
+* `start()` is idempotent and returns at once: the first call begins loading in the background, later
+  calls (while it loads or runs) do nothing.
+* `wait_ready()` waits for READY without changing anything; a timeout is not an error, it returns False.
+* `stop()` is safe in every state, concurrently with `start()` and with requests in flight, and
+  idempotent. After it returns, `base_url()` raises (503 shutting down) until the next `start()`.
+* `state` is for display (/health, /v1/models, metrics), never a precondition.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
+
+
+class WorkerState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class Worker(Protocol):
+    """A model's worker as the gateway sees it; see the module docstring for the race semantics."""
+
+    name: str
+    state: WorkerState
+    restarts: int
+    last_error: str | None
+    pid: int | None
+
+    def start(self) -> None:
+        """Begin (or keep) serving in the background; idempotent, never blocks."""
+        ...
+
+    async def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """True once READY; False after `timeout_s`. Changes nothing."""
+        ...
+
+    def base_url(self) -> str:
+        """The root URL to send a request to while READY; otherwise raises a 503 `GatewayError`."""
+        ...
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop serving (terminating any process); safe in every state and idempotent."""
+        ...

@@ -1,0 +1,119 @@
+"""FakeWorker: an in-process `gateway.workers.Worker` whose engine is a small ASGI app.
+
+Stands for a real worker (`backends.llamacpp.worker`, LMDeploy's api_server) in unit tests of the service
+layer, reached through `httpx.ASGITransport` instead of a socket. It records every body it receives (so a
+test can check what the gateway sent: the one typed `EngineRequest`) and answers as told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from backends.request import EngineRequest
+from gateway.errors import ErrorCode, GatewayError
+from gateway.workers import WorkerState
+
+BASE_URL = "http://fake-worker"
+
+
+@dataclass
+class Behaviour:
+    """What the fake engine does with the next requests."""
+
+    status: int = 200
+    error: dict[str, Any] | None = None
+    text: str = "Hello there"
+    chunks: int = 3
+    delay_s: float = 0.0
+
+
+@dataclass
+class FakeEngine:
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    received: list[EngineRequest] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+
+    async def _chat(self, request: Request) -> Response:
+        body = EngineRequest.model_validate_json(await request.body())  # what a real worker does first
+        self.received.append(body)
+        b = self.behaviour
+        if b.status != 200:
+            return JSONResponse(b.error or {"error": {"message": "refused", "code": None}}, status_code=b.status)
+        if body.stream:
+            return StreamingResponse(self._frames(body), media_type="text/event-stream")
+        await asyncio.sleep(b.delay_s)
+        return JSONResponse(_completion(b.text))
+
+    async def _frames(self, body: EngineRequest) -> AsyncIterator[bytes]:
+        b = self.behaviour
+        yield _frame({"role": "assistant", "content": ""})
+        for i in range(b.chunks):
+            await asyncio.sleep(b.delay_s)
+            yield _frame({"content": f"{b.text}{i}"})
+        yield _frame({}, "stop")
+        if body.include_usage:
+            usage = {"prompt_tokens": 4, "completion_tokens": b.chunks, "total_tokens": 4 + b.chunks}
+            yield b"data: " + json.dumps({**_envelope("chat.completion.chunk"), "choices": [], "usage": usage}).encode()
+            yield b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+def _envelope(obj: str) -> dict[str, Any]:
+    return {"id": "chatcmpl-fake", "object": obj, "created": 1, "model": "fake"}
+
+
+def _frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return b"data: " + json.dumps({**_envelope("chat.completion.chunk"), "choices": [choice]}).encode() + b"\n\n"
+
+
+def _completion(text: str) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text, "refusal": None}
+    return {
+        **_envelope("chat.completion"),
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+    }
+
+
+class FakeWorker:
+    """A `Worker` that is READY once started; `fail()` makes `base_url()` answer 503 like a crashed one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = WorkerState.STOPPED
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        if self.state is not WorkerState.READY:
+            self.state = WorkerState.READY
+
+    async def wait_ready(self, timeout_s: float | None = None) -> bool:
+        del timeout_s
+        return self.state is WorkerState.READY
+
+    def base_url(self) -> str:
+        if self.state is WorkerState.READY:
+            return BASE_URL
+        raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is {self.state.value}", retry_after_s=5)
+
+    def fail(self, reason: str = "crashed") -> None:
+        self.state = WorkerState.FAILED
+        self.last_error = reason
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        del grace_s
+        self.state = WorkerState.STOPPED

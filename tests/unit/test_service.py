@@ -1,0 +1,174 @@
+"""The service layer in-process, through the `Worker` interface, against an ASGI fake engine (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from backends.base import DeploymentPlan, EngineName
+from backends.llamacpp import LlamaCppAdapter
+from backends.lmdeploy import LMDeployAdapter
+from gateway.admission import Admission
+from gateway.auth import OPEN
+from gateway.config import ServerSettings
+from gateway.deployments import Deployment, Registry
+from gateway.errors import GatewayError
+from gateway.metrics import Metrics
+from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.service import RequestContext, Service, StreamSession, UnaryResult
+from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+class Harness:
+    def __init__(self, *, capacity: int = 2, max_queue: int = 4, engine: EngineName = EngineName.LLAMACPP) -> None:
+        self.engine = FakeEngine()
+        self.metrics = Metrics(gpu=False)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.engine.app()))
+        plan = DeploymentPlan(model="smol-worker", engine=engine, source_path=Path("/m.gguf"), model_format="gguf",
+                              context_tokens=1024, slots=capacity)  # fmt: skip
+        adapter = LlamaCppAdapter() if engine is EngineName.LLAMACPP else LMDeployAdapter()
+        self.worker = FakeWorker("smol")
+        self.worker.start()
+        admission = Admission("smol", capacity, max_queue, queue_timeout_s=5)
+        registry = Registry()
+        registry.add(Deployment("smol", ("smol-alias",), plan, adapter, self.worker, admission, default_max_tokens=32))
+        settings = ServerSettings(keepalive_interval_s=0.05)
+        self.service = Service(registry, self.client, settings, self.metrics)
+        self.admission = admission
+
+    def count(self, status: int, model: str = "smol") -> float:
+        labels = {"model": model, "endpoint": "chat", "status": str(status)}
+        return self.metrics.registry.get_sample_value("voltgate:requests_total", labels) or 0.0
+
+    async def call(self, body: dict[str, object]) -> UnaryResult | StreamSession:
+        parsed = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+        ctx = RequestContext(request_id="req-1", principal=OPEN, started=0.0)
+        return await self.service.handle(parsed, _request(), ctx)
+
+
+def _request() -> Request:
+    async def receive() -> dict[str, object]:
+        await asyncio.Event().wait()  # the client never goes away
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+async def _drain(session: StreamSession) -> list[bytes]:
+    frames: AsyncIterator[bytes] = session.frames()
+    return [frame async for frame in frames]
+
+
+async def test_unary_chat_reaches_the_engine_as_one_typed_request_and_is_accounted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness()
+    caplog.set_level(logging.INFO, logger="voltgate.access")
+    body = {"model": "smol-alias", "messages": [{"role": "developer", "content": "be brief"}, *USER]}
+    result = await h.call(body)
+    assert isinstance(result, UnaryResult) and result.body is not None
+    assert result.body["choices"][0]["message"]["content"] == "Hello there"
+    sent = h.engine.received[0]
+    assert sent.model == "smol-worker"
+    assert [m.role for m in sent.messages or ()] == ["system", "user"]
+    assert sent.max_tokens == 32  # the deployment's default_max_tokens
+    assert h.count(200) == 1
+    assert h.admission.running == 0
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "voltgate.access"]
+    assert [(line["status"], line["model"]) for line in lines] == [(200, "smol")]
+
+
+async def test_stream_relays_frames_ends_with_done_and_drops_usage_not_asked_for() -> None:
+    h = Harness()
+    session = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(session, StreamSession)
+    frames = b"".join(await _drain(session))
+    assert frames.endswith(b"data: [DONE]\n\n")
+    assert b'"usage"' not in frames
+    assert h.engine.received[0].include_usage  # the engine is always asked, for exact token metrics
+    assert h.count(200) == 1
+    assert h.admission.running == 0
+    tokens = h.metrics.registry.get_sample_value("voltgate:generation_tokens_total", {"model": "smol"})
+    assert tokens == 3
+
+
+async def test_a_stream_closed_before_it_is_read_releases_its_slot_once() -> None:
+    h = Harness(capacity=1)
+    session = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(session, StreamSession)
+    assert h.admission.running == 1
+    await session.close()
+    await session.close()
+    assert h.admission.running == 0
+    assert h.count(499) == 1
+
+
+async def test_a_queued_stream_gets_keepalives_then_its_answer() -> None:
+    h = Harness(capacity=1)
+    h.engine.behaviour = Behaviour(delay_s=0.1)
+    first = await h.call({"model": "smol", "messages": USER, "stream": True})
+    second = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(first, StreamSession) and isinstance(second, StreamSession)
+    drained = asyncio.ensure_future(_drain(second))
+    await _drain(first)
+    frames = b"".join(await drained)
+    assert frames.startswith(b": waiting for a free slot")
+    assert frames.endswith(b"data: [DONE]\n\n")
+    assert h.count(200) == 2
+
+
+async def test_a_failed_worker_is_a_503_and_the_refusal_is_counted() -> None:
+    h = Harness()
+    h.worker.fail()
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "smol", "messages": USER})
+    assert info.value.status == 503
+    assert h.count(503) == 1
+    assert not h.engine.received
+
+
+async def test_an_engine_400_keeps_its_param_and_is_counted() -> None:
+    h = Harness()
+    h.engine.behaviour = Behaviour(status=400, error={"error": {"message": "bad", "param": "messages", "code": None}})
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "smol", "messages": USER})
+    assert (info.value.status, info.value.param) == (400, "messages")
+    assert h.count(400) == 1
+    assert h.admission.running == 0
+
+
+async def test_an_unknown_model_is_counted_under_a_bounded_label() -> None:
+    h = Harness()
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "nope", "messages": USER})
+    assert info.value.status == 404
+    assert h.count(404, model="unknown") == 1
+
+
+async def test_a_full_queue_is_429_without_disturbing_the_request_in_flight() -> None:
+    h = Harness(capacity=1, max_queue=0)
+    first = await h.call({"model": "smol", "messages": USER, "stream": True})
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert info.value.status == 429
+    assert isinstance(first, StreamSession)
+    assert b"".join(await _drain(first)).endswith(b"data: [DONE]\n\n")
+    assert h.count(429) == 1 and h.count(200) == 1
+
+
+async def test_tools_to_an_engine_without_a_tool_parser_are_refused_by_name() -> None:
+    h = Harness(engine=EngineName.LMDEPLOY)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "smol", "messages": USER, "tools": tools})
+    assert (info.value.status, info.value.param) == (400, "tools")
+    assert h.count(400) == 1
