@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -144,3 +146,88 @@ async def test_stop_kills_a_worker_that_ignores_sigterm_and_its_children(tmp_pat
         await worker.stop(grace_s=0.5)
         assert not alive(pid)
         assert not alive(child)
+
+
+class StateLog:
+    """Every state a worker enters, with the monotonic time it entered it (the `on_state` hook)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, WorkerState]] = []
+
+    def __call__(self, _name: str, state: WorkerState) -> None:
+        self.events.append((time.monotonic(), state))
+
+    def restart_delays(self) -> list[float]:
+        """Seconds from each FAILED to the STARTING that ends its backoff."""
+        delays, failed_at = [], None
+        for at, state in self.events:
+            if state is WorkerState.FAILED:
+                failed_at = at
+            elif state is WorkerState.STARTING and failed_at is not None:
+                delays.append(at - failed_at)
+                failed_at = None
+        return delays
+
+
+async def kill_when_ready(worker: WorkerProcess, client: httpx.AsyncClient, *, serve_for_s: float = 0.0) -> None:
+    """Wait for READY, serve requests for `serve_for_s`, then SIGKILL the worker's process group."""
+    assert await worker.wait_ready(30)
+    deadline = time.monotonic() + serve_for_s
+    while True:
+        response = await client.post(worker.base_url() + "/v1/chat/completions", json={"model": "m"})
+        assert response.status_code == 200
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    pid = worker.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    await wait_for(lambda: worker.pid != pid and worker.state is not WorkerState.READY)
+
+
+async def test_backoff_starts_over_once_the_worker_was_healthy_for_a_while() -> None:
+    log = StateLog()
+    async with httpx.AsyncClient() as client:
+        worker = WorkerProcess("m", fake(), client=client, on_state=log, healthy_reset_s=1.5)
+        worker.start()
+        try:
+            await kill_when_ready(worker, client)  # crash loop: 1 s, then 2 s
+            await kill_when_ready(worker, client)
+            await kill_when_ready(worker, client, serve_for_s=2.0)  # served for 2 s >= 1.5 s: back to 1 s
+            assert await worker.wait_ready(30)
+        finally:
+            await worker.stop()
+    first, second, third = log.restart_delays()
+    assert 0.9 <= first < 1.7 and 1.9 <= second < 2.7, log.restart_delays()
+    assert 0.9 <= third < 1.7, f"backoff did not start over after 2 s of health: {log.restart_delays()}"
+
+
+def slow_fake(load_s: float):
+    """The fake worker behind `load_s` of loading (a shell sleep, then exec: the same pid and group)."""
+
+    def spec(port: int) -> LaunchSpec:
+        worker = f"{sys.executable} -m tests.fakes.fake_worker --port {port}"
+        return LaunchSpec(
+            argv=("/bin/sh", "-c", f"sleep {load_s} && exec {worker}"),
+            env={"PYTHONPATH": str(REPO)},
+            startup_timeout_s=30,
+        )
+
+    return spec
+
+
+async def test_healthy_time_counts_from_ready_not_from_launch() -> None:
+    """A model that loads for longer than healthy_reset_s and dies as soon as it is up is a crash loop."""
+    log = StateLog()
+    async with httpx.AsyncClient() as client:
+        worker = WorkerProcess("m", slow_fake(2.0), client=client, on_state=log, healthy_reset_s=1.5)
+        worker.start()
+        try:
+            await kill_when_ready(worker, client)
+            await kill_when_ready(worker, client)
+            await wait_for(lambda: len(log.restart_delays()) == 2, timeout_s=10)
+        finally:
+            await worker.stop()
+    first, second = log.restart_delays()
+    assert 0.9 <= first < 1.7
+    assert 1.9 <= second < 2.7, f"launch-to-crash time reset the backoff: {log.restart_delays()}"
