@@ -59,6 +59,7 @@ def build_engine_request(
         body["max_tokens"] = limit
     if isinstance(parsed, ChatCompletionRequest):
         body["messages"] = tuple(_message(m) for m in parsed.messages)
+        body["continue_final_message"] = parsed.continues_reply
         body["response_format"] = parsed.response_format
         if parsed.tools:
             body["tools"] = tuple(parsed.tools)

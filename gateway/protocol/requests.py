@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from backends.request import (
     STOP_LIMIT,
@@ -33,6 +33,19 @@ from gateway.errors import ErrorCode, GatewayError
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# Names frontends (Open WebUI, Ollama clients, llama.cpp's web UI) send for parameters we have.
+SPELLINGS = {"repeat_penalty": "repetition_penalty", "num_predict": "max_tokens", "n_predict": "max_tokens"}
+
+# Generation settings other servers take and ours do not: refused by name, never silently ignored.
+UNSUPPORTED_SAMPLING = frozenset({
+    "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "typical_p", "repeat_last_n", "penalty_last_n",
+    "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length", "xtc_probability",
+    "xtc_threshold", "top_a", "top_n_sigma", "num_ctx", "num_keep", "penalize_newline", "typical",
+    "length_penalty", "early_stopping", "use_beam_search", "min_tokens", "guided_json", "guided_regex",
+    "guided_grammar", "grammar",
+})  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -105,9 +118,12 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-class _Sampling(_Body):
+class _Sampling(BaseModel):
     """Fields shared by chat and text completions; ranges as OpenAI documents them, shared with the engine
-    request (`backends.request`) so that the gateway and the workers can never disagree on a bound."""
+    request (`backends.request`) so that the gateway and the workers can never disagree on a bound.
+    Unknown top-level fields are kept aside (`extra="allow"`) only to refuse generation settings we lack."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     model: str = Field(min_length=1)
     stream: bool = False
@@ -128,6 +144,21 @@ class _Sampling(_Body):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _frontend_spellings(cls, data: Any) -> Any:
+        """Names chat frontends send for our parameters (Ollama/llama.cpp spellings) become ours."""
+        if not isinstance(data, dict):
+            return data
+        for theirs, ours in SPELLINGS.items():
+            if theirs in data:
+                data = dict(data)
+                value = data.pop(theirs)
+                if ours in data and data[ours] != value:
+                    raise ValueError(f"both {theirs!r} and {ours!r} given with different values")
+                data[ours] = value
+        return data
+
     @field_validator("stop")
     @classmethod
     def _stop_limit(cls, stop: str | list[str] | None) -> str | list[str] | None:
@@ -144,7 +175,10 @@ class _Sampling(_Body):
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, reason) for each requested feature no engine here can honour."""
-        problems: list[tuple[str, str]] = []
+        problems: list[tuple[str, str]] = [
+            (name, f"{name!r} is not supported by voltgate's engines; leave it out")
+            for name in sorted(UNSUPPORTED_SAMPLING & set(self.model_extra or {}))
+        ]
         if self.n is not None and self.n > 1:
             problems.append(("n", "n > 1 is not supported; send several requests instead"))
         if self.logit_bias:
@@ -178,6 +212,15 @@ class ChatCompletionRequest(_Sampling):
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
+    continue_final_message: bool | None = Field(
+        default=None,
+        description="voltgate extension (as vLLM's): continue a final assistant message instead of starting a new "
+        "turn; on by default when the last message is the assistant's, `false` turns it off",
+    )
+
+    @property
+    def continues_reply(self) -> bool:
+        return self.messages[-1].role == "assistant" and self.continue_final_message is not False
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -201,6 +244,8 @@ class ChatCompletionRequest(_Sampling):
             problems.append(("audio", "audio output is not supported"))
         if self.prediction:
             problems.append(("prediction", "predicted outputs are not supported"))
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            problems.append(("continue_final_message", "the last message must be the assistant's to continue it"))
         problems += _message_problems(self.messages)
         return problems
 

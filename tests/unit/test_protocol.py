@@ -154,3 +154,22 @@ def test_completion_prompt_list_of_one_is_accepted_and_two_refused() -> None:
 def test_unknown_top_level_fields_from_frontends_are_ignored() -> None:
     body = {"model": "m", "messages": USER, "metadata": {"chat_id": "1"}, "session_id": "abc"}
     assert "metadata" not in engine(body).wire()
+
+
+def test_frontend_spellings_map_to_ours() -> None:
+    request = engine({"model": "m", "messages": USER, "repeat_penalty": 1.3, "num_predict": 12})
+    assert (request.repetition_penalty, request.max_tokens) == (1.3, 12)
+
+
+@pytest.mark.parametrize("name", ["mirostat", "tfs_z", "typical_p", "num_ctx"])
+def test_generation_settings_we_lack_are_refused_by_name_not_ignored(name: str) -> None:
+    error = reject({"model": "m", "messages": USER, name: 1})
+    assert (error.code, error.param) == (ErrorCode.UNSUPPORTED_PARAMETER, name)
+
+
+def test_a_final_assistant_message_is_continued_unless_turned_off() -> None:
+    messages = [*USER, {"role": "assistant", "content": "The capital of France is"}]
+    assert engine({"model": "m", "messages": messages}).continue_final_message
+    assert not engine({"model": "m", "messages": messages, "continue_final_message": False}).continue_final_message
+    assert not engine({"model": "m", "messages": USER}).continue_final_message
+    assert reject({"model": "m", "messages": USER, "continue_final_message": True}).param == "continue_final_message"
