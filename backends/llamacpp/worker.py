@@ -12,6 +12,9 @@ from types import FrameType
 
 import uvicorn
 
+from backends.llamacpp.embed_server import create_app as create_embed_app
+from backends.llamacpp.embed_server import spec_from_worker_args as embed_spec_from_args
+from backends.llamacpp.embedding import POOLINGS
 from backends.llamacpp.native import ContextOptions
 from backends.llamacpp.server import WorkerSpec, create_app
 
@@ -78,6 +81,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads running the sampler chains of one step in parallel (temperature/top_p/penalties/grammar "
         "requests; plain greedy needs none); same tokens as 1",
     )
+    p.add_argument(
+        "--task",
+        choices=["generate", "embed", "rerank"],
+        default="generate",
+        help="generate: chat/completions; embed: /v1/embeddings; rerank: /v1/rerank. For embed and rerank, "
+        "--ctx is the longest input, --slots the inputs per forward pass, --n-batch the tokens per pass",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=None,
+        help="embed/rerank: override the GGUF's pooling type (rerank defaults to rank)",
+    )
+    p.add_argument(
+        "--matryoshka",
+        action="store_true",
+        help="embed: the model's vectors may be truncated, so requests may ask for `dimensions`",
+    )
     return p
 
 
@@ -125,7 +146,10 @@ def _configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.task == "generate" and (args.pooling or args.matryoshka):
+        parser.error("--pooling and --matryoshka need --task embed or rerank")
     _configure_logging()
     spec = spec_from_args(args)
     if not spec.model_path.is_file():
@@ -137,7 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure.append(reason)
         server.should_exit = True
 
-    app = create_app(spec, on_fatal)
+    app = (
+        create_app(spec, on_fatal)
+        if args.task == "generate"
+        else create_embed_app(embed_spec_from_args(args), on_fatal)
+    )
     config = uvicorn.Config(
         app.asgi,
         host=args.host,
