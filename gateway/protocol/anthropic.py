@@ -1,0 +1,214 @@
+"""Request bodies for /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API).
+
+Validated before translation to the gateway's chat request. Hints with no meaning here (`cache_control`
+on blocks, `service_tier`, `speed`, `output_config.effort`) are ignored. `thinking` is accepted when it
+leaves thinking to the model (`disabled`, `adaptive`: a model that never thinks satisfies both) and
+refused when it demands a thinking budget (`enabled`, ...), since no engine here produces thinking
+blocks. Images, documents, server tools (web search, code execution, ...), MCP servers and containers
+are recognised and named by `unsupported()`, which the route turns into a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from backends.request import MaxTokens, StopString, ToolName, TopK, TopP
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Refused(BaseModel):
+    """Anything recognised only to be refused by name (images, server tools, ...)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str
+
+
+def _tag(known: frozenset[str], default: str | None = None) -> Any:
+    def tag(value: Any) -> str:
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+        return kind if kind in known else "other"
+
+    return Discriminator(tag)
+
+
+# -- content blocks -------------------------------------------------------------------------------------
+class TextBlock(_Body):
+    type: Literal["text"]
+    text: str
+
+
+ResultContent = Annotated[
+    Annotated[TextBlock, Tag("text")] | Annotated[_Refused, Tag("other")], _tag(frozenset({"text"}))
+]
+
+
+class ToolUseBlock(_Body):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Body):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[ResultContent] | None = None
+    is_error: bool | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "\n".join(block.text for block in self.content if isinstance(block, TextBlock))
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[_Refused, Tag("other")],
+    _tag(frozenset({"text", "tool_use", "tool_result"})),
+]
+
+
+class InputMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+# -- tools, tool choice, thinking, output format --------------------------------------------------------
+class CustomTool(_Body):
+    """A client tool; `type` is absent or "custom". Server tools have dated types and are refused."""
+
+    type: Literal["custom"] | None = None
+    name: ToolName
+    description: str | None = None
+    input_schema: dict[str, Any]
+    strict: bool | None = None
+
+
+def _tool_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "custom" if kind in (None, "custom") else "other"
+
+
+MessagesTool = Annotated[
+    Annotated[CustomTool, Tag("custom")] | Annotated[_Refused, Tag("other")], Discriminator(_tool_tag)
+]
+
+
+class ToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(_Body):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str
+
+
+class JsonOutputFormat(_Body):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Body):
+    format: JsonOutputFormat | None = None
+    effort: str | None = None
+
+
+class Metadata(_Body):
+    user_id: str | None = None
+
+
+# -- requests -------------------------------------------------------------------------------------------
+class CountTokensRequest(_Body):
+    """POST /v1/messages/count_tokens: the prompt part of a Messages request."""
+
+    model: str = Field(min_length=1)
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[MessagesTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    mcp_servers: list[Any] | None = None
+
+    def system_text(self) -> str | None:
+        if self.system is None or isinstance(self.system, str):
+            return self.system or None
+        return "\n".join(block.text for block in self.system) or None
+
+    def custom_tools(self) -> list[CustomTool]:
+        return [tool for tool in self.tools or () if isinstance(tool, CustomTool)]
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        """(param, reason) for each requested feature no engine here can honour."""
+        problems: list[tuple[str, str]] = []
+        if self.thinking is not None and self.thinking.type not in ("disabled", "adaptive"):
+            problems.append(("thinking", f"thinking {self.thinking.type!r} is not supported by this model's engine"))
+        if self.mcp_servers:
+            problems.append(("mcp_servers", "MCP servers are not supported"))
+        for i, tool in enumerate(self.tools or ()):
+            if isinstance(tool, _Refused):
+                problems.append((f"tools.{i}.type", f"server tool {tool.type!r} is not supported"))
+        problems += self._unsupported_choice()
+        for i, message in enumerate(self.messages):
+            for j, block in enumerate(message.content if isinstance(message.content, list) else ()):
+                problems += _block_problems(f"messages.{i}.content.{j}", block, message.role)
+        return problems
+
+    def _unsupported_choice(self) -> list[tuple[str, str]]:
+        choice = self.tool_choice
+        names = {tool.name for tool in self.custom_tools()}
+        if choice is None:
+            return []
+        if choice.type == "tool" and (choice.name is None or choice.name not in names):
+            return [("tool_choice.name", f"tool_choice names {choice.name!r}, which is not in tools")]
+        if choice.type == "any" and not names:
+            return [("tool_choice", "tool_choice 'any' needs at least one tool")]
+        return []
+
+
+def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
+    if isinstance(block, _Refused):
+        return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
+    if isinstance(block, ToolUseBlock) and role != "assistant":
+        return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
+    if isinstance(block, ToolResultBlock):
+        if role != "user":
+            return [(f"{where}.type", "tool_result blocks belong to user messages")]
+        if isinstance(block.content, list):
+            for k, part in enumerate(block.content):
+                if isinstance(part, _Refused):
+                    return [(f"{where}.content.{k}.type", f"tool results of type {part.type!r} are not supported")]
+    return []
+
+
+class MessagesRequest(CountTokensRequest):
+    """POST /v1/messages. `max_tokens` is required, as in Anthropic's API."""
+
+    max_tokens: MaxTokens
+    stop_sequences: list[StopString] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    metadata: Metadata | None = None
+    stream: bool | None = False
+    output_config: OutputConfig | None = None
+    container: str | dict[str, Any] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        problems = super().unsupported()
+        if self.container is not None:
+            problems.append(("container", "containers are not supported"))
+        return problems

@@ -1,0 +1,309 @@
+"""Request body for /v1/responses (OpenAI's Responses API), validated before it becomes a chat request.
+
+Hints with no meaning for generation here (`service_tier`, `prompt_cache_key`, `safety_identifier`,
+`stream_options`, `max_tool_calls`, which only counts built-in tool calls) are ignored, as OpenAI ignores
+unknown fields. `reasoning` is accepted and ignored: no engine here has a reasoning budget, so every effort
+is served the same way and the Response echoes `reasoning.effort: null` to say none was applied. What no
+engine can honour (built-in tools, background mode, conversations, prompt templates, image/file/audio
+inputs, item references, logprobs) is recognised and named by `unsupported()`, which the route turns
+into a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Refused(BaseModel):
+    """Anything recognised only to be refused by name (built-in tools, image parts, ...)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str
+
+
+def _tag(known: frozenset[str], default: str | None = None) -> Any:
+    """A discriminator: the object's `type` when it is one we model, else "other" (refused by name)."""
+
+    def tag(value: Any) -> str:
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+        return kind if kind in known else "other"
+
+    return Discriminator(tag)
+
+
+# -- content parts --------------------------------------------------------------------------------------
+class InputText(_Body):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Body):
+    """Assistant text replayed as input; its annotations and logprobs carry no meaning for generation."""
+
+    type: Literal["output_text"]
+    text: str
+
+
+class RefusalPart(_Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[
+    Annotated[InputText, Tag("input_text")]
+    | Annotated[OutputText, Tag("output_text")]
+    | Annotated[RefusalPart, Tag("refusal")]
+    | Annotated[_Refused, Tag("other")],
+    _tag(frozenset({"input_text", "output_text", "refusal"})),
+]
+
+
+def content_text(content: str | list[Any]) -> str:
+    """Content flattened to text (refusals included: they are what the assistant said)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.refusal if isinstance(p, RefusalPart) else getattr(p, "text", "") for p in content)
+
+
+# -- input items ----------------------------------------------------------------------------------------
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class MessageItem(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallItem(_Body):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputItem(_Body):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ReasoningItem(_Refused):
+    """Reasoning replayed from another provider's output: opaque to any engine here, so it is skipped."""
+
+    type: Literal["reasoning"]
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[_Refused, Tag("other")],
+    _tag(frozenset({"message", "function_call", "function_call_output", "reasoning"}), default="message"),
+]
+
+
+# -- tools, tool choice, text format --------------------------------------------------------------------
+class FunctionTool(_Body):
+    """A function tool in the Responses API's flat shape (no nested `function` object)."""
+
+    type: Literal["function"]
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[_Refused, Tag("other")],
+    _tag(frozenset({"function"})),
+]
+
+
+class FunctionToolChoice(_Body):
+    type: Literal["function"]
+    name: str
+
+
+def _choice_tag(value: Any) -> str:
+    if isinstance(value, str):
+        return "mode"
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "other"
+
+
+ResponsesToolChoice = Annotated[
+    Annotated[Literal["auto", "none", "required"], Tag("mode")]
+    | Annotated[FunctionToolChoice, Tag("function")]
+    | Annotated[_Refused, Tag("other")],
+    Discriminator(_choice_tag),
+]
+
+
+class TextFormatText(_Body):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(_Body):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(_Body):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    type: Literal["json_schema"]
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]
+
+
+class TextConfig(_Body):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ReasoningConfig(_Body):
+    effort: str | None = None
+    summary: str | None = None
+
+
+# -- the request ----------------------------------------------------------------------------------------
+class ResponsesRequest(_Body):
+    """POST /v1/responses. `input_items()` is what a stored response keeps of its request."""
+
+    model: str = Field(min_length=1)
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: ResponsesToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    store: bool | None = True
+    previous_response_id: str | None = Field(default=None, min_length=1)
+    stream: bool | None = False
+    reasoning: ReasoningConfig | None = None
+    # Recognised only to be refused when set (see `unsupported`).
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    top_logprobs: TopLogprobs | None = None
+    context_management: list[Any] | None = None
+    moderation: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata is None:
+            return None
+        if len(metadata) > 16:
+            raise ValueError("at most 16 metadata pairs")
+        for key, value in metadata.items():
+            if len(key) > 64 or len(value) > 512:
+                raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return metadata
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def stores(self) -> bool:
+        return self.store is not False
+
+    def items(self) -> list[Any]:
+        """The input as items: a string is one user message."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input items as JSON, as a stored response keeps them for later `previous_response_id` turns."""
+        return [item.model_dump(mode="json", exclude_none=True, by_alias=True) for item in self.items()]
+
+    def function_tools(self) -> list[FunctionTool]:
+        return [tool for tool in self.tools or () if isinstance(tool, FunctionTool)]
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        """(param, reason) for each requested feature no engine here can honour."""
+        return self._unsupported_options() + self._unsupported_tools() + self._unsupported_input()
+
+    def _unsupported_options(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        if self.background:
+            problems.append(("background", "background mode is not supported"))
+        if self.conversation is not None:
+            problems.append(("conversation", "conversations are not supported; use previous_response_id"))
+        if self.prompt is not None:
+            problems.append(("prompt", "prompt templates are not supported"))
+        if self.truncation == "auto":
+            problems.append(("truncation", "truncation 'auto' is not supported; input that does not fit is a 400"))
+        if self.include and "message.output_text.logprobs" in self.include:
+            problems.append(("include", "logprobs are not supported yet"))
+        if self.top_logprobs:
+            problems.append(("top_logprobs", "logprobs are not supported yet"))
+        if self.context_management:
+            problems.append(("context_management", "context management is not supported"))
+        if self.moderation is not None:
+            problems.append(("moderation", "moderation is not supported"))
+        if self.text is not None and self.text.verbosity not in (None, "medium"):
+            problems.append(("text.verbosity", "verbosity other than 'medium' is not supported"))
+        return problems
+
+    def _unsupported_tools(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        for i, tool in enumerate(self.tools or ()):
+            if isinstance(tool, _Refused):
+                problems.append((f"tools[{i}].type", f"built-in tool {tool.type!r} is not supported"))
+        choice = self.tool_choice
+        names = {tool.name for tool in self.function_tools()}
+        if isinstance(choice, _Refused):
+            problems.append(("tool_choice", f"tool_choice of type {choice.type!r} is not supported"))
+        elif isinstance(choice, FunctionToolChoice) and choice.name not in names:
+            problems.append(("tool_choice", f"tool_choice names {choice.name!r}, which is not in tools"))
+        elif choice == "required" and not names:
+            problems.append(("tool_choice", "tool_choice 'required' needs at least one function tool"))
+        return problems
+
+    def _unsupported_input(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        if isinstance(self.input, str):
+            return problems
+        for i, item in enumerate(self.input):
+            if type(item) is _Refused:
+                reason = (
+                    "item references are not supported; send the item itself or use previous_response_id"
+                    if item.type == "item_reference"
+                    else f"input items of type {item.type!r} are not supported"
+                )
+                problems.append((f"input[{i}].type", reason))
+            parts = item.content if isinstance(item, MessageItem) else getattr(item, "output", None)
+            field = "content" if isinstance(item, MessageItem) else "output"
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if isinstance(part, _Refused):
+                    problems.append((f"input[{i}].{field}[{j}].type", f"{part.type!r} input is not supported"))
+        return problems

@@ -1,0 +1,208 @@
+"""Stored Responses (`store: true`): SQLite in the data directory, so `previous_response_id` survives restarts.
+
+Each row keeps one response's request input items, its output items and the Response JSON. A follow-up
+turn resolves its `previous_response_id` chain into one flat item history (oldest turn first: its inputs,
+then its outputs), which the Responses translation replays as chat messages.
+
+Retention counts from a chain's last use: storing a response refreshes `used_at` on every ancestor, so
+a conversation that is still continued is not pruned from under itself, while abandoned ones age out
+(`max_age_s`) or are dropped least recently used first once `max_rows` or `max_bytes` is exceeded.
+Deleting or pruning an ancestor makes its descendants' histories unresolvable (`NotFound`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id          TEXT PRIMARY KEY,
+    previous_id TEXT,
+    created_at  REAL NOT NULL,
+    used_at     REAL NOT NULL,
+    input       TEXT NOT NULL,
+    output      TEXT NOT NULL,
+    response    TEXT NOT NULL,
+    size_bytes  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_used_at ON responses (used_at);
+"""
+
+# The chain from one response back to the first, nearest first; depth bounds a corrupt cycle.
+_CHAIN = """
+WITH RECURSIVE chain(id, previous_id, depth) AS (
+    SELECT id, previous_id, 0 FROM responses WHERE id = ?
+    UNION ALL
+    SELECT r.id, r.previous_id, chain.depth + 1
+    FROM responses r JOIN chain ON r.id = chain.previous_id
+    WHERE chain.depth < ?
+)
+"""
+
+MAX_CHAIN = 10_000
+"""Turns followed back from one response; a longer chain is treated as broken."""
+
+FILENAME = "responses.sqlite3"
+
+
+class NotFound(KeyError):
+    """No stored response with that id (never stored, `store: false`, deleted, or pruned)."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(response_id)
+        self.response_id = response_id
+
+    def __str__(self) -> str:
+        return f"no stored response with id {self.response_id!r}"
+
+
+class ResponseStore:
+    """SQLite-backed store of Responses, for use from asyncio.
+
+    Concurrency: one connection (`check_same_thread=False`) guarded by a `threading.Lock`; every public
+    coroutine runs its statements in a worker thread (`asyncio.to_thread`), so the event loop never
+    blocks on disk. Writes commit before the coroutine returns. `close()` is synchronous and must not
+    race with calls still in flight.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        max_age_s: float | None = 30 * 24 * 3600,
+        max_rows: int | None = None,
+        max_bytes: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        directory = Path(data_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / FILENAME
+        self.max_age_s = max_age_s
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+
+    # -- public coroutines ------------------------------------------------------------------------------
+    async def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Store `response` (its `output` and `previous_response_id` are read from it) with its input items,
+        refresh its chain's last use, then prune."""
+        await asyncio.to_thread(self._put, response, input_items)
+
+    async def get(self, response_id: str) -> dict[str, Any]:
+        """The stored Response JSON; raises `NotFound`."""
+        return await asyncio.to_thread(self._get, response_id)
+
+    async def input_items(self, response_id: str) -> list[dict[str, Any]]:
+        """The request input items of one stored response; raises `NotFound`."""
+        return await asyncio.to_thread(self._input_items, response_id)
+
+    async def history(self, response_id: str) -> list[dict[str, Any]]:
+        """Every item of the chain ending at `response_id`, oldest turn first: each turn's input items, then
+        its output items. Raises `NotFound` naming the first missing response of the chain."""
+        return await asyncio.to_thread(self._history, response_id)
+
+    async def delete(self, response_id: str) -> None:
+        """Remove one response; raises `NotFound`."""
+        await asyncio.to_thread(self._delete, response_id)
+
+    async def prune(self) -> int:
+        """Apply retention and the size limits now; the number of responses removed."""
+        return await asyncio.to_thread(self._prune)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- statements (worker thread, under the lock) -----------------------------------------------------
+    def _put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        now = self._clock()
+        input_json, output_json = json.dumps(input_items), json.dumps(response.get("output") or [])
+        response_json = json.dumps(response)
+        size = len(input_json) + len(output_json) + len(response_json)
+        row = (response["id"], response.get("previous_response_id"), now, now, input_json, output_json)
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, response_json, size)
+            )
+            self._db.execute(
+                _CHAIN + "UPDATE responses SET used_at = ? WHERE id IN (SELECT id FROM chain)",
+                (response["id"], MAX_CHAIN, now),
+            )
+            self._prune_locked(now)
+
+    def _get(self, response_id: str) -> dict[str, Any]:
+        with self._lock:
+            row = self._db.execute("SELECT response FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None:
+            raise NotFound(response_id)
+        result: dict[str, Any] = json.loads(row[0])
+        return result
+
+    def _input_items(self, response_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            row = self._db.execute("SELECT input FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None:
+            raise NotFound(response_id)
+        items: list[dict[str, Any]] = json.loads(row[0])
+        return items
+
+    def _history(self, response_id: str) -> list[dict[str, Any]]:
+        query = (
+            _CHAIN + "SELECT chain.id, chain.previous_id, r.input, r.output FROM chain "
+            "JOIN responses r ON r.id = chain.id ORDER BY chain.depth DESC"
+        )
+        with self._lock:
+            rows = self._db.execute(query, (response_id, MAX_CHAIN)).fetchall()
+        if not rows:
+            raise NotFound(response_id)
+        if rows[0][1] is not None:  # the oldest turn found still names a predecessor: the chain is broken
+            raise NotFound(rows[0][1])
+        items: list[dict[str, Any]] = []
+        for _id, _previous, input_json, output_json in rows:
+            items += json.loads(input_json)
+            items += json.loads(output_json)
+        return items
+
+    def _delete(self, response_id: str) -> None:
+        with self._lock, self._db:
+            deleted = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount
+        if not deleted:
+            raise NotFound(response_id)
+
+    def _prune(self) -> int:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            return self._prune_locked(self._clock())
+
+    def _prune_locked(self, now: float) -> int:
+        removed = 0
+        if self.max_age_s is not None:
+            removed += self._db.execute("DELETE FROM responses WHERE used_at < ?", (now - self.max_age_s,)).rowcount
+        if self.max_rows is not None:
+            removed += self._db.execute(
+                "DELETE FROM responses WHERE id IN "
+                "(SELECT id FROM responses ORDER BY used_at DESC, created_at DESC LIMIT -1 OFFSET ?)",
+                (self.max_rows,),
+            ).rowcount
+        if self.max_bytes is not None:
+            # Keep the most recently used rows whose running size fits; drop the rest.
+            removed += self._db.execute(
+                "DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(size_bytes) OVER "
+                "(ORDER BY used_at DESC, created_at DESC ROWS UNBOUNDED PRECEDING) AS total FROM responses) "
+                "WHERE total > ?)",
+                (self.max_bytes,),
+            ).rowcount
+        return removed

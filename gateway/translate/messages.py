@@ -1,0 +1,271 @@
+"""Anthropic's Messages API as a translation over the one chat path: request → chat, chat → Message.
+
+Content blocks map onto chat messages in order: an assistant turn's `tool_use` blocks become its
+`tool_calls` (arguments as JSON text), each `tool_result` block of a user turn becomes a `tool` message
+with its `tool_call_id`. Tool-use ids are the chat tool-call ids in both directions. Errors render in
+Anthropic's envelope (`anthropic_error`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.anthropic import (
+    CountTokensRequest,
+    InputMessage,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+# -- request ----------------------------------------------------------------------------------------------
+
+
+def _result_content(block: ToolResultBlock) -> str:
+    """A tool result's text. Chat has no error flag on tool messages, so a failed call says so in words."""
+    text = block.text()
+    return f"Error: {text}" if block.is_error else text
+
+
+def _user(blocks: list[Any]) -> list[dict[str, Any]]:
+    """A user turn: its text blocks as user messages, each tool_result as a `tool` message, in order."""
+    out: list[dict[str, Any]] = []
+    text: list[dict[str, str]] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            text.append({"type": "text", "text": block.text})
+        elif isinstance(block, ToolResultBlock):
+            if text:
+                out.append({"role": "user", "content": text})
+                text = []
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_content(block)})
+    if text:
+        out.append({"role": "user", "content": text})
+    return out
+
+
+def _assistant(blocks: list[Any]) -> dict[str, Any]:
+    text = [{"type": "text", "text": b.text} for b in blocks if isinstance(b, TextBlock)]
+    calls = [
+        {
+            "id": b.id,
+            "type": "function",
+            "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+        }
+        for b in blocks
+        if isinstance(b, ToolUseBlock)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    system = req.system_text()
+    if system:
+        messages.append({"role": "system", "content": system})
+    for message in req.messages:
+        messages += _turn(message)
+    return messages
+
+
+def _turn(message: InputMessage) -> list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    if message.role == "assistant":
+        return [_assistant(message.content)]
+    return _user(message.content)
+
+
+def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
+    choice = req.tool_choice
+    if choice is None:
+        return {}
+    out: dict[str, Any] = {}
+    if choice.type == "tool":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice.disable_parallel_tool_use:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
+    """The chat-completions request for `req` (for `CountTokensRequest`: its prompt part only).
+
+    Mapping: system → a leading system message; tool_choice any → "required", tool → named, none →
+    "none", disable_parallel_tool_use → parallel_tool_calls false; stop_sequences → stop; top_k is the
+    gateway's top_k extension; metadata.user_id → user; output_config.format → response_format
+    json_schema.
+    """
+    body: dict[str, Any] = {"model": req.model, "messages": _messages(req)}
+    tools = req.custom_tools()
+    if tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    k: v
+                    for k, v in {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                        "strict": t.strict,
+                    }.items()
+                    if v is not None
+                },
+            }
+            for t in tools
+        ]
+        body.update(_tool_choice(req))
+    if isinstance(req, MessagesRequest):
+        body.update(_sampling(req))
+    return body
+
+
+def _sampling(req: MessagesRequest) -> dict[str, Any]:
+    fmt = req.output_config.format if req.output_config is not None else None
+    optional: dict[str, Any] = {
+        "max_tokens": req.max_tokens,
+        "stop": list(req.stop_sequences) if req.stop_sequences else None,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "user": req.metadata.user_id if req.metadata is not None else None,
+        "response_format": (
+            {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt.schema_}} if fmt else None
+        ),
+    }
+    out = {key: value for key, value in optional.items() if value is not None}
+    if req.streaming:
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+# -- response ---------------------------------------------------------------------------------------------
+def tool_input(name: str, arguments: str) -> dict[str, Any]:
+    """A tool call's JSON arguments as Anthropic's `input` object; empty arguments are `{}`.
+
+    Raises a 502 `GatewayError` (upstream_error) when the model's arguments are not a JSON object, which
+    Anthropic's `tool_use.input` must be.
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"the model's arguments for tool {name!r} are not a JSON object")
+    return value
+
+
+def stop_reason(
+    finish_reason: str | None, *, tool_calls: bool, matched: Any, stop_sequences: list[str] | None
+) -> tuple[str, str | None]:
+    """Anthropic's (stop_reason, stop_sequence) for a chat finish.
+
+    The chat path reports a matched stop string and a natural end alike as "stop", and engines strip the
+    matched string from the text, so the two cannot be told apart from the text. `stop_sequence` is
+    reported only when the upstream names the string it matched (`stop_reason`, as vLLM sends it, or
+    `matched_stop`, as SGLang does) and it is one of the request's `stop_sequences`; otherwise "stop" is
+    `end_turn`, which may under-report a stop-sequence match.
+    """
+    if finish_reason == "length":
+        return "max_tokens", None
+    if tool_calls or finish_reason in ("tool_calls", "function_call"):
+        return "tool_use", None
+    if finish_reason == "content_filter":
+        return "refusal", None
+    if isinstance(matched, str) and matched in (stop_sequences or ()):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def matched_stop(choice: dict[str, Any]) -> Any:
+    """The stop string an upstream says it matched, when it says so (vLLM, SGLang extensions)."""
+    return choice.get("stop_reason") or choice.get("matched_stop")
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, int]:
+    chat_usage = chat_usage or {}
+    return {
+        "input_tokens": int(chat_usage.get("prompt_tokens") or 0),
+        "output_tokens": int(chat_usage.get("completion_tokens") or 0),
+    }
+
+
+def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -> dict[str, Any]:
+    """The Message for a non-streamed `chat.completion`: a text block for its text, then one tool_use
+    block per tool call (input = the parsed arguments). The model echoed is the requested one."""
+    choice = (chat.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    if message.get("refusal"):
+        content.append({"type": "text", "text": message["refusal"]})
+    calls = message.get("tool_calls") or []
+    for call in calls:
+        function = call.get("function") or {}
+        name = function.get("name", "")
+        arguments = function.get("arguments") or ""
+        content.append({"type": "tool_use", "id": call.get("id"), "name": name, "input": tool_input(name, arguments)})
+    reason, sequence = stop_reason(
+        choice.get("finish_reason"),
+        tool_calls=bool(calls),
+        matched=matched_stop(choice),
+        stop_sequences=req.stop_sequences,
+    )
+    if message.get("refusal") and reason == "end_turn":
+        reason = "refusal"
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage(chat.get("usage")),
+    }
+
+
+# -- errors -----------------------------------------------------------------------------------------------
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""HTTP status → Anthropic error type, as Anthropic documents them; our 503 (no worker, shutting down) is
+reported as overload, Anthropic's own 529. Other 4xx are invalid requests, other 5xx api errors."""
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """An error body in Anthropic's envelope for an HTTP status."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
+    """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message."""
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"{error.param}: {message}"
+    return anthropic_error(error.status, message)

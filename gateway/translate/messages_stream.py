@@ -1,0 +1,202 @@
+"""Streamed chat chunks → Anthropic's Messages stream events.
+
+    message_start → ping
+    per text run:  content_block_start(text) → content_block_delta(text_delta)… → content_block_stop
+    per tool call: content_block_start(tool_use) → content_block_delta(input_json_delta)… → content_block_stop
+    message_delta (stop_reason, stop_sequence, usage) → message_stop        — or, on failure, error
+
+Input tokens are only known when the chat stream's usage chunk arrives, so message_start reports 0 and
+message_delta carries the real `input_tokens` with `output_tokens` (the SDK takes both from there).
+Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.anthropic import MessagesRequest
+from gateway.translate.ids import new_id
+from gateway.translate.messages import anthropic_error, matched_stop, stop_reason, tool_input, usage
+
+
+@dataclass
+class _Text:
+    index: int
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ToolUse:
+    index: int
+    id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+
+class MessagesStream:
+    """Translate one streamed chat completion into Anthropic stream events; one instance per request.
+
+    Call `start()` (optional: the first `feed()` starts too), `feed()` with every chat chunk dict in
+    order, then exactly one of `finish()` or `fail()`; later calls return no events. Blocks are
+    sequential: a tool call whose arguments continue after a later block began cannot be streamed
+    faithfully, so `feed()` raises a 502 `GatewayError` for it; the caller then calls `fail()`.
+    Not thread-safe.
+    """
+
+    def __init__(self, req: MessagesRequest, *, message_id: str) -> None:
+        self._req = req
+        self._message_id = message_id
+        self._started = False
+        self._ended = False
+        self._blocks: list[_Text | _ToolUse] = []
+        self._current: _Text | _ToolUse | None = None
+        self._calls: dict[int, _ToolUse] = {}
+        self._finish_reason: str | None = None
+        self._matched: Any = None
+        self._usage: dict[str, Any] | None = None
+
+    def start(self) -> list[dict[str, Any]]:
+        """message_start and a ping, once."""
+        if self._started:
+            return []
+        self._started = True
+        message = self._message(content=[], stop=(None, None), usage={"input_tokens": 0, "output_tokens": 0})
+        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events for one `chat.completion.chunk` dict."""
+        if self._ended:
+            return []
+        events = self.start()
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events += self._on_text(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                events += self._on_tool_call(call)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+                self._matched = matched_stop(choice)
+        return events
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Close the open block, then message_delta (stop reason, usage) and message_stop."""
+        if self._ended:
+            return []
+        events = self.start()
+        events += self._close_current()
+        self._ended = True
+        reason, sequence = self._stop()
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": usage(self._usage)["output_tokens"], **self._input_usage()},
+            }
+        )
+        events.append({"type": "message_stop"})
+        return events
+
+    def fail(self, status: int, message: str) -> list[dict[str, Any]]:
+        """One `error` event in Anthropic's envelope (the type from `status`); the stream then ends."""
+        if self._ended:
+            return []
+        self._ended = True
+        return [*self.start(), anthropic_error(status, message)]
+
+    def final_message(self) -> dict[str, Any]:
+        """The Message as accumulated so far; tool inputs parsed (a non-object raises a 502 `GatewayError`)."""
+        content: list[dict[str, Any]] = []
+        for block in self._blocks:
+            if isinstance(block, _Text):
+                content.append({"type": "text", "text": "".join(block.text)})
+            else:
+                arguments = "".join(block.arguments)
+                content.append(
+                    {"type": "tool_use", "id": block.id, "name": block.name, "input": tool_input(block.name, arguments)}
+                )
+        stop = self._stop() if self._ended else (None, None)
+        return self._message(content=content, stop=stop, usage=usage(self._usage))
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _message(
+        self, *, content: list[dict[str, Any]], stop: tuple[Any, Any], usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._req.model,
+            "content": content,
+            "stop_reason": stop[0],
+            "stop_sequence": stop[1],
+            "usage": usage,
+        }
+
+    def _stop(self) -> tuple[str, str | None]:
+        return stop_reason(
+            self._finish_reason,
+            tool_calls=bool(self._calls),
+            matched=self._matched,
+            stop_sequences=self._req.stop_sequences,
+        )
+
+    def _input_usage(self) -> dict[str, int]:
+        return {"input_tokens": usage(self._usage)["input_tokens"]} if self._usage else {}
+
+    def _on_text(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if not isinstance(self._current, _Text):
+            events += self._close_current()
+            block = _Text(index=len(self._blocks))
+            self._open(block)
+            events.append(
+                {"type": "content_block_start", "index": block.index, "content_block": {"type": "text", "text": ""}}
+            )
+        current = self._current
+        assert isinstance(current, _Text)
+        current.text.append(text)
+        events.append(
+            {"type": "content_block_delta", "index": current.index, "delta": {"type": "text_delta", "text": text}}
+        )
+        return events
+
+    def _on_tool_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        index = int(delta.get("index") or 0)
+        function = delta.get("function") or {}
+        call = self._calls.get(index)
+        events: list[dict[str, Any]] = []
+        if call is None or (delta.get("id") and delta["id"] != call.id):
+            events += self._close_current()
+            call = _ToolUse(
+                index=len(self._blocks), id=delta.get("id") or new_id("call"), name=function.get("name") or ""
+            )
+            self._calls[index] = call
+            self._open(call)
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            events.append({"type": "content_block_start", "index": call.index, "content_block": block})
+        elif call is not self._current:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR,
+                f"the model's tool call {index} continued after a later block began; it cannot be streamed in order",
+            )
+        elif function.get("name") and not call.name:
+            call.name = function["name"]
+        fragment = function.get("arguments")
+        if fragment:
+            call.arguments.append(fragment)
+            delta_event = {"type": "input_json_delta", "partial_json": fragment}
+            events.append({"type": "content_block_delta", "index": call.index, "delta": delta_event})
+        return events
+
+    def _open(self, block: _Text | _ToolUse) -> None:
+        self._blocks.append(block)
+        self._current = block
+
+    def _close_current(self) -> list[dict[str, Any]]:
+        current, self._current = self._current, None
+        return [] if current is None else [{"type": "content_block_stop", "index": current.index}]

@@ -1,0 +1,87 @@
+"""Decoding a Responses or Messages request body into its pydantic model, or a 400 naming the parameter.
+
+The chat path has its own `gateway.protocol.parse_request`; this one serves the translated APIs, whose
+tagged unions (input items, content blocks, tool choices) need their own location clean-up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, Self, TypeVar
+
+from pydantic import ValidationError
+
+from gateway.errors import ErrorCode, GatewayError
+
+
+class _Request(Protocol):
+    """A pydantic request model that names what it asks for but no engine can honour."""
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self: ...
+
+    def unsupported(self) -> list[tuple[str, str]]: ...
+
+
+R = TypeVar("R", bound=_Request)
+
+# Discriminator tags of the translated APIs' unions, and the fields that hold a single tagged union.
+_TAGS = frozenset(
+    {"message", "function_call", "function_call_output", "reasoning", "other", "input_text", "output_text",
+     "refusal", "function", "mode", "text", "json_object", "json_schema", "tool_use", "tool_result", "auto",
+     "any", "tool", "none", "disabled", "enabled", "adaptive", "custom", "image"}
+)  # fmt: skip
+_TAGGED_FIELDS = frozenset({"tool_choice", "format", "thinking"})
+_BRANCH_LABELS = frozenset({"str", "int", "float", "bool"})
+
+
+def param_path(loc: tuple[int | str, ...], *, dotted: bool = False) -> str | None:
+    """pydantic's error location as the client's parameter path: `input[2].content[0].text` (OpenAI's
+    style) or, `dotted`, `messages.2.content.0.text` (Anthropic's)."""
+    out = ""
+    for i, item in enumerate(loc):
+        previous = loc[i - 1] if i else None
+        is_tag = item in _TAGS and (isinstance(previous, int) or previous in _TAGGED_FIELDS)
+        if isinstance(item, int):
+            out += f".{item}" if dotted else f"[{item}]"
+        elif item in _BRANCH_LABELS or "[" in item or (is_tag and i < len(loc) - 1):
+            continue  # union-branch labels and discriminator tags are pydantic's, not the client's
+        else:
+            out += ("." if out else "") + item
+    return out or None
+
+
+def validation_error(exc: ValidationError, *, dotted: bool = False) -> GatewayError:
+    """The most specific of pydantic's errors (the deepest location) as a 400 naming the parameter."""
+    first = max(exc.errors(), key=lambda e: len(e["loc"]))
+    param = param_path(tuple(first["loc"]), dotted=dotted)
+    if first["type"] == "missing":
+        message = f"missing required parameter: {param}"
+    elif first["type"] == "union_tag_invalid":
+        tag_field = str(first["ctx"]["discriminator"]).strip("'")
+        value = first["input"].get(tag_field) if isinstance(first["input"], dict) else first["input"]
+        param = f"{param}.{tag_field}" if param else tag_field
+        message = f"{param}: unsupported value {value!r} (expected {first['ctx']['expected_tags']})"
+    else:
+        message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param)
+
+
+def parse_body(raw: bytes, model_type: type[R], *, dotted: bool = False) -> R:
+    """Decode and validate `raw`, then refuse the first `unsupported()` feature, each as a 400 `GatewayError`
+    naming the parameter (`dotted` paths for Anthropic's API)."""
+    try:
+        data: Any = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    try:
+        request = model_type.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, dotted=dotted) from None
+    problems = request.unsupported()
+    if problems:
+        param, reason = problems[0]
+        raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, reason, param=param)
+    return request

@@ -1,0 +1,274 @@
+"""OpenAI's Responses API as a translation over the one chat path: request → chat, chat → Response.
+
+    ResponsesRequest + history ──to_chat──▶ chat request ──chat path──▶ chat.completion ──to_response──▶ Response
+                                                                    └──▶ chunks ──ResponsesStream──▶ events
+
+`history` is the flat item list of the `previous_response_id` chain (`ResponseStore.history`): every earlier
+turn's input items and output items, oldest first, so a follow-up turn replays function calls and their
+outputs by `call_id` exactly as the model produced them. Chat tool-call ids are the Responses `call_id`s
+in both directions; each function_call item also has its own `fc_…` item id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.responses_api import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionToolChoice,
+    InputItem,
+    MessageItem,
+    ReasoningItem,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+    content_text,
+)
+from gateway.translate.ids import new_id
+
+_ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
+
+# The Response's `error.code` is an enum; gateway codes outside it are reported as server errors.
+_RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
+
+
+# -- request ----------------------------------------------------------------------------------------------
+def _text_parts(content: str | list[Any]) -> str | list[dict[str, str]]:
+    if isinstance(content, str):
+        return content
+    return [{"type": "text", "text": content_text([part])} for part in content]
+
+
+def _call(item: FunctionCallItem) -> dict[str, Any]:
+    return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+
+
+def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, Any]]:
+    """Chat messages for Responses items; consecutive assistant text and function calls form one message.
+
+    A function_call_output whose call_id no earlier function_call produced is a 400 (as OpenAI answers it),
+    named by its index in the request's own `input` (items before `first_request_index` are history).
+    """
+    messages: list[dict[str, Any]] = []
+    call_ids: set[str] = set()
+    for i, item in enumerate(items):
+        last = messages[-1] if messages else None
+        if isinstance(item, MessageItem):
+            messages.append({"role": item.role, "content": _text_parts(item.content)})
+        elif isinstance(item, FunctionCallItem):
+            call_ids.add(item.call_id)
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(_call(item))
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [_call(item)]})
+        elif isinstance(item, FunctionCallOutputItem):
+            if item.call_id not in call_ids:
+                where = f"input[{i - first_request_index}]" if i >= first_request_index else "previous_response_id"
+                raise GatewayError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"No tool call found for function call output with call_id {item.call_id}.",
+                    param=where,
+                )
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text_parts(item.output)})
+        elif not isinstance(item, ReasoningItem):  # reasoning from elsewhere is opaque here: skipped
+            kind = getattr(item, "type", "?")
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"input items of type {kind!r} are not supported")
+    return messages
+
+
+def _tool_choice(req: ResponsesRequest) -> str | dict[str, Any] | None:
+    choice = req.tool_choice
+    if isinstance(choice, FunctionToolChoice):
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice if isinstance(choice, str) else None
+
+
+def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = req.text.format if req.text is not None else None
+    if isinstance(fmt, TextFormatJsonObject):
+        return {"type": "json_object"}
+    if isinstance(fmt, TextFormatJsonSchema):
+        schema = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict, "description": fmt.description}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+    return None
+
+
+def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat-completions request for `req`, after the stored `history` of its previous responses.
+
+    `instructions` come first as a system message; those of earlier responses are not carried over (they
+    are not input items), as OpenAI documents. Raises a 400 `GatewayError` for a function_call_output
+    without its function_call.
+    """
+    history_items = _ITEMS.validate_python(history)
+    messages = _messages([*history_items, *req.items()], first_request_index=len(history_items))
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    tools = req.function_tools()
+    if tools:
+        body["tools"] = [
+            {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in tools
+        ]
+    optional = {
+        "tool_choice": _tool_choice(req),
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "user": req.user,
+        "response_format": _response_format(req),
+    }
+    body.update({key: value for key, value in optional.items() if value is not None})
+    if req.streaming:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# -- response ---------------------------------------------------------------------------------------------
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chat usage in the Responses API's shape."""
+    if not chat_usage:
+        return None
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    completion = int(chat_usage.get("completion_tokens") or 0)
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": int(chat_usage.get("total_tokens") or prompt + completion),
+    }
+
+
+def _echo_tool_choice(req: ResponsesRequest) -> str | dict[str, Any]:
+    choice = req.tool_choice
+    if isinstance(choice, FunctionToolChoice):
+        return {"type": "function", "name": choice.name}
+    return choice if isinstance(choice, str) else "auto"
+
+
+def _echo_format(req: ResponsesRequest) -> dict[str, Any]:
+    fmt = req.text.format if req.text is not None else None
+    return fmt.model_dump(mode="json", by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}
+
+
+def response_object(
+    req: ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    model: str | None = None,
+    usage: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    error: dict[str, Any] | None = None,
+    completed_at: int | None = None,
+) -> dict[str, Any]:
+    """A Response object echoing the request's settings, as OpenAI returns it."""
+    response: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": completed_at,
+        "background": False,
+        "error": error,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": dict(req.metadata or {}),
+        "model": model or req.model,
+        "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.stores,
+        "temperature": req.temperature,
+        "text": {"format": _echo_format(req)},
+        "tool_choice": _echo_tool_choice(req),
+        "tools": [tool.model_dump(mode="json") for tool in req.function_tools()],
+        "top_p": req.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+    }
+    if req.user is not None:
+        response["user"] = req.user
+    return response
+
+
+def incomplete_reason(finish_reason: str | None) -> str | None:
+    """Why a response is incomplete, from the chat finish reason (None: it completed)."""
+    return {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish_reason or "")
+
+
+def message_item(item_id: str, text: str, *, status: str, refusal: str | None = None) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if text or refusal is None:
+        content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+    if refusal is not None:
+        content.append({"type": "refusal", "refusal": refusal})
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, *, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
+    output: list[dict[str, Any]] = []
+    text, refusal, calls = message.get("content"), message.get("refusal"), message.get("tool_calls") or []
+    if text or refusal is not None or not calls:
+        output.append(message_item(new_id("msg"), text or "", status=status, refusal=refusal))
+    for call in calls:
+        function = call.get("function") or {}
+        call_id = call.get("id") or new_id("call")
+        name, arguments = function.get("name", ""), function.get("arguments") or ""
+        output.append(function_call_item(new_id("fc"), call_id, name, arguments, status=status))
+    return output
+
+
+def to_response(
+    chat: dict[str, Any],
+    req: ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    completed_at: int | None = None,
+) -> dict[str, Any]:
+    """The Response for a non-streamed `chat.completion`: a message item for its text, then one
+    function_call item per tool call; "length" makes it `incomplete` (reason `max_output_tokens`)."""
+    choice = (chat.get("choices") or [{}])[0]
+    reason = incomplete_reason(choice.get("finish_reason"))
+    status = "incomplete" if reason else "completed"
+    return response_object(
+        req,
+        response_id=response_id,
+        created_at=created_at,
+        completed_at=completed_at if completed_at is not None else created_at,
+        status=status,
+        output=_output(choice.get("message") or {}, status),
+        model=chat.get("model"),
+        usage=usage(chat.get("usage")),
+        incomplete_reason=reason,
+    )
+
+
+def response_error(message: str, code: str) -> dict[str, Any]:
+    """A failed Response's `error`; codes outside OpenAI's enum are reported as `server_error`."""
+    return {"code": code if code in _RESPONSE_ERROR_CODES else "server_error", "message": message}

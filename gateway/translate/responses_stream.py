@@ -1,0 +1,269 @@
+"""Streamed chat chunks → the Responses API's event sequence, with a monotonically increasing sequence_number.
+
+    response.created → response.in_progress
+    per text run:   output_item.added(message) → content_part.added → output_text.delta… →
+                    output_text.done → content_part.done → output_item.done
+    per tool call:  output_item.added(function_call) → function_call_arguments.delta… →
+                    function_call_arguments.done → output_item.done
+    response.completed | response.incomplete (max_output_tokens) — or, on failure, error → response.failed
+
+Argument fragments are forwarded verbatim and concatenated for the `done` events, so a client's
+accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.responses_api import ResponsesRequest
+from gateway.translate.ids import new_id
+from gateway.translate.responses import (
+    function_call_item,
+    incomplete_reason,
+    message_item,
+    response_error,
+    response_object,
+    usage,
+)
+
+
+@dataclass
+class _Text:
+    output_index: int
+    item_id: str
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Call:
+    output_index: int
+    item_id: str
+    call_id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+
+def _empty_text_part() -> dict[str, Any]:
+    return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+
+class ResponsesStream:
+    """Translate one streamed chat completion into Responses events; one instance per request.
+
+    Call `start()` (optional: the first `feed()` starts too) as soon as the stream opens, `feed()` with
+    every chat chunk dict in order (usage chunks with `choices: []` included), then exactly one of
+    `finish()` (the chat stream ended) or `fail()` (it broke); later calls return no events. Each call
+    returns the events to send, in order. Items are sequential: a tool call whose arguments continue
+    after another tool call has begun cannot be streamed faithfully, so `feed()` raises a 502
+    `GatewayError` (upstream_error) for it; the caller then calls `fail()`. Not thread-safe.
+    """
+
+    def __init__(self, req: ResponsesRequest, *, response_id: str, created_at: int) -> None:
+        self._req = req
+        self._response_id = response_id
+        self._created_at = created_at
+        self._sequence = 0
+        self._started = False
+        self._final: dict[str, Any] | None = None
+        self._output: list[dict[str, Any]] = []
+        self._current: _Text | _Call | None = None
+        self._calls: dict[int, _Call] = {}
+        self._finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._model: str | None = None
+
+    # -- public ---------------------------------------------------------------------------------------
+    def start(self) -> list[dict[str, Any]]:
+        """response.created and response.in_progress, once."""
+        if self._started:
+            return []
+        self._started = True
+        return [
+            self._event("response.created", response=self._snapshot("in_progress")),
+            self._event("response.in_progress", response=self._snapshot("in_progress")),
+        ]
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events for one `chat.completion.chunk` dict."""
+        if self._final is not None:
+            return []
+        events = self.start()
+        self._model = chunk.get("model") or self._model
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events += self._on_text(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                events += self._on_tool_call(call)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+        return events
+
+    def finish(self, *, completed_at: int | None = None) -> list[dict[str, Any]]:
+        """Close the open item and end with response.completed (or response.incomplete after "length")."""
+        if self._final is not None:
+            return []
+        events = self.start()
+        reason = incomplete_reason(self._finish_reason)
+        status = "incomplete" if reason else "completed"
+        if not self._output:  # an empty generation is still one (empty) message, as non-streamed
+            events += self._open_text()
+        events += self._close_current(status)
+        self._final = response_object(
+            self._req,
+            response_id=self._response_id,
+            created_at=self._created_at,
+            completed_at=completed_at if completed_at is not None else int(time.time()),
+            status=status,
+            output=list(self._output),
+            model=self._model,
+            usage=usage(self._usage),
+            incomplete_reason=reason,
+        )
+        events.append(self._event(f"response.{status}", response=self._final))
+        return events
+
+    def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
+        """An `error` event, then response.failed carrying what was produced so far (open items incomplete)."""
+        if self._final is not None:
+            return []
+        events = self.start()
+        current = self._current
+        if current is not None:
+            self._output[current.output_index] = self._item(current, "incomplete")
+            self._current = None
+        events.append(self._event("error", code=code, message=message, param=None))
+        self._final = response_object(
+            self._req,
+            response_id=self._response_id,
+            created_at=self._created_at,
+            status="failed",
+            output=list(self._output),
+            model=self._model,
+            usage=usage(self._usage),
+            error=response_error(message, code),
+        )
+        events.append(self._event("response.failed", response=self._final))
+        return events
+
+    def final_response(self) -> dict[str, Any]:
+        """The Response as it ended (to store after streaming); while streaming, an in-progress snapshot."""
+        return self._final if self._final is not None else self._snapshot("in_progress")
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, **fields, "sequence_number": self._sequence}
+        self._sequence += 1
+        return event
+
+    def _snapshot(self, status: str) -> dict[str, Any]:
+        return response_object(
+            self._req,
+            response_id=self._response_id,
+            created_at=self._created_at,
+            status=status,
+            output=list(self._output),
+            model=self._model,
+        )
+
+    def _on_text(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if not isinstance(self._current, _Text):
+            events += self._close_current("completed")
+            events += self._open_text()
+        current = self._current
+        assert isinstance(current, _Text)
+        current.text.append(text)
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=current.item_id,
+                output_index=current.output_index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _open_text(self) -> list[dict[str, Any]]:
+        current = _Text(output_index=len(self._output), item_id=new_id("msg"))
+        self._current = current
+        item = {**message_item(current.item_id, "", status="in_progress"), "content": []}
+        self._output.append(item)
+        where = {"item_id": current.item_id, "output_index": current.output_index}
+        return [
+            self._event("response.output_item.added", output_index=current.output_index, item=item),
+            self._event("response.content_part.added", **where, content_index=0, part=_empty_text_part()),
+        ]
+
+    def _on_tool_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        index = int(delta.get("index") or 0)
+        function = delta.get("function") or {}
+        call = self._calls.get(index)
+        events: list[dict[str, Any]] = []
+        if call is None or (delta.get("id") and delta["id"] != call.call_id):
+            events += self._close_current("completed")
+            call = self._open_call(index, delta.get("id") or new_id("call"), function.get("name") or "")
+            events.append(
+                self._event("response.output_item.added", output_index=call.output_index, item=self._item(call))
+            )
+        elif call is not self._current:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR,
+                f"the model's tool call {index} continued after a later item began; it cannot be streamed in order",
+            )
+        elif function.get("name") and not call.name:
+            call.name = function["name"]
+        fragment = function.get("arguments")
+        if fragment:
+            call.arguments.append(fragment)
+            events.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=call.item_id,
+                    output_index=call.output_index,
+                    delta=fragment,
+                )
+            )
+        return events
+
+    def _open_call(self, index: int, call_id: str, name: str) -> _Call:
+        call = _Call(output_index=len(self._output), item_id=new_id("fc"), call_id=call_id, name=name)
+        self._calls[index] = call
+        self._current = call
+        self._output.append(self._item(call))
+        return call
+
+    def _item(self, state: _Text | _Call, status: str = "in_progress") -> dict[str, Any]:
+        if isinstance(state, _Text):
+            return message_item(state.item_id, "".join(state.text), status=status)
+        arguments = "".join(state.arguments)
+        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status)
+
+    def _close_current(self, status: str) -> list[dict[str, Any]]:
+        current, self._current = self._current, None
+        if current is None:
+            return []
+        item = self._item(current, status)
+        self._output[current.output_index] = item
+        where = {"item_id": current.item_id, "output_index": current.output_index}
+        if isinstance(current, _Text):
+            part = item["content"][0]
+            events = [
+                self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", **where, content_index=0, part=part),
+            ]
+        else:
+            events = [
+                self._event(
+                    "response.function_call_arguments.done", **where, name=current.name, arguments=item["arguments"]
+                )
+            ]
+        events.append(self._event("response.output_item.done", output_index=current.output_index, item=item))
+        return events
