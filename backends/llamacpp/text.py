@@ -45,17 +45,48 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        """The prompt text for `messages`, ending with the assistant's generation prompt."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+    ) -> str:
+        """The prompt text for `messages`, by default ending with the assistant's generation prompt.
+
+        `tools` (OpenAI-shaped dicts) is passed to the template only when given: templates test
+        `tools is defined` or `if tools`. `continue_final` leaves the last message open instead, so the
+        model continues it: the rendering is cut right after that message's content (as `transformers`'
+        `continue_final_message` does); it is an error if the template does not write the content verbatim.
+        """
+        context: dict[str, Any] = {
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt and not continue_final,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        if tools is not None:
+            context["tools"] = list(tools)
         try:
-            return self._template.render(
-                messages=list(messages),
-                add_generation_prompt=True,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
+            text = self._template.render(**context)
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        except TypeError as exc:  # template arithmetic on the conversation's values, e.g. `'a' + none`
+            raise ChatTemplateError(f"chat template failed on this conversation: {exc}") from exc
+        return _cut_after_final(text, messages) if continue_final else text
+
+
+def _cut_after_final(text: str, messages: Sequence[dict[str, Any]]) -> str:
+    """`text` up to the end of the last message's content, for the model to continue it."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip():
+        raise ChatTemplateError("the final message has no text to continue")
+    for candidate in (final, final.strip()):
+        at = text.rfind(candidate)
+        if at >= 0:
+            return text[: at + len(candidate)]
+    raise ChatTemplateError("the chat template does not render the final message's text as it is")
 
 
 class Utf8Stream:

@@ -1,0 +1,60 @@
+"""Tool calling for any GGUF: the family's native format where the chat template knows one, else generic.
+
+Like llama.cpp's server (`--jinja`, common/chat.cpp): the template's text picks a format; native templates
+render `tools` themselves, others get a system-prompt section in the Hermes `<tool_call>` syntax (so one
+parser serves both); the family's call syntax is parsed out of the generated text, in one go or while
+streaming; and grammars force calls for tool_choice "required" or a named tool.
+
+Usage in the worker (tools = `request.active_tools`; none: no tool handling at all)::
+
+    fmt = select_format(model.chat_template())                  # once per model
+    messages = fmt.prepare_messages(request.messages, tools)
+    prompt = template.render(messages, fmt.tools_for_template(tools) if fmt.native else None)
+
+    if tool_choice is "required" or named:                      # force a call
+        sampling = replace(sampling, grammar=fmt.grammar(tools, parallel=parallel))
+    # "auto": optionally fmt.lazy_grammar(tools, parallel) with llama_sampler_init_grammar_lazy_patterns
+
+    names = [t.function.name for t in tools]
+    parsed = fmt.parse(text, names)                             # non-streaming
+    tool_calls = [{"id": new_call_id(), "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.calls]
+    finish_reason = "tool_calls" if parsed.calls else finish_reason
+
+    stream = ToolCallStream(fmt, names)                         # streaming: per decoded text fragment
+    for piece in stream.push(fragment):  # then stream.finish()
+        ...  # TextPiece -> delta.content; CallStart -> delta.tool_calls[index] with id, name and
+             # arguments ""; CallArguments -> delta.tool_calls[index].function.arguments
+
+The worker must detokenize `fmt.preserved_tokens` as text (special tokens such as `[TOOL_CALLS]` or
+`<|python_tag|>` otherwise render empty) and must not let a stop string cut a call short.
+Structured output: `schema_grammar(json_schema)` (raises `SchemaGrammarError`).
+"""
+
+from backends.llamacpp.tools.calls import (
+    CallArguments,
+    CallStart,
+    ParsedCall,
+    ParsedOutput,
+    StreamPiece,
+    TextPiece,
+    new_call_id,
+)
+from backends.llamacpp.tools.formats import ToolFormat, select_format
+from backends.llamacpp.tools.grammar import SchemaGrammarError, schema_grammar
+from backends.llamacpp.tools.stream import ToolCallStream
+
+__all__ = [
+    "CallArguments",
+    "CallStart",
+    "ParsedCall",
+    "ParsedOutput",
+    "SchemaGrammarError",
+    "StreamPiece",
+    "TextPiece",
+    "ToolCallStream",
+    "ToolFormat",
+    "new_call_id",
+    "schema_grammar",
+    "select_format",
+]

@@ -1,0 +1,153 @@
+"""GBNF grammars: tool calls in each family's syntax with arguments held to their JSON schema, and JSON
+schemas themselves (`response_format: json_schema`).
+
+Schemas are converted by llama-cpp-python's `SchemaConverter` (a port of llama.cpp's
+json-schema-to-grammar). Tool `i`'s argument rules are all named `t{i}-args...` and its `$defs` are renamed
+`t{i}-...`, so tools never share rules by accident; the call syntax around them uses `tc-` rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llama_cpp import llama_grammar as _llama_grammar
+
+from backends.request import Tool
+
+# The converter module is untyped; keep every use of it here.
+_converter_module: Any = _llama_grammar
+
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+"""The arguments schema of a tool that declares no `parameters` (OpenAI: the function takes none)."""
+
+_CONVERSION_ERRORS = (AssertionError, KeyError, TypeError, ValueError, AttributeError, RecursionError)
+
+
+class SchemaGrammarError(Exception):
+    """A JSON schema the converter cannot express (an unknown keyword or type, a remote `$ref`, ...)."""
+
+
+def _new_converter() -> Any:
+    return _converter_module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _visit(converter: Any, schema: dict[str, Any], name: str) -> str:
+    resolved = converter.resolve_refs(copy.deepcopy(schema), name or "schema")
+    return str(converter.visit(resolved, name))
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """A grammar (root rule `root`) for JSON text that conforms to `schema`."""
+    converter = _new_converter()
+    try:
+        _visit(converter, schema, "")
+    except _CONVERSION_ERRORS as exc:
+        raise SchemaGrammarError(f"the JSON schema cannot be enforced: {exc or type(exc).__name__}") from exc
+    return str(converter.format_grammar())
+
+
+def literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + escaped.replace("\t", "\\t") + '"'
+
+
+def _json_literal(value: str) -> str:
+    """A GBNF literal matching `value` written as a JSON string (quotes included)."""
+    return literal(json.dumps(value, ensure_ascii=False))
+
+
+def _prefix_definitions(node: Any, prefix: str) -> Any:
+    """A copy of a schema whose local `$defs`/`definitions` names (and `$ref`s to them) carry `prefix`."""
+    if isinstance(node, list):
+        return [_prefix_definitions(item, prefix) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("$defs", "definitions") and isinstance(value, dict):
+            out[key] = {prefix + name: _prefix_definitions(v, prefix) for name, v in value.items()}
+        elif key == "$ref" and isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/")):
+            head, _, name = value.rpartition("/")
+            out[key] = f"{head}/{prefix}{name}"
+        else:
+            out[key] = _prefix_definitions(value, prefix)
+    return out
+
+
+class ToolRules:
+    """The argument rules of a request's tools, in one converter: `self.names[i]` is tool i's root rule.
+
+    A tool whose schema the converter cannot express gets "any JSON object" instead of failing the
+    request: the call stays well-formed, only its arguments go unchecked.
+    """
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self._converter = _new_converter()
+        self.names = [self._add(i, tool) for i, tool in enumerate(tools)]
+
+    def _add(self, i: int, tool: Tool) -> str:
+        schema = _prefix_definitions(tool.function.parameters or NO_PARAMETERS, f"t{i}-")
+        name = f"t{i}-args"
+        try:  # a throwaway converter first: a failed visit can leave rules that point at missing ones
+            _visit(_new_converter(), schema, name)
+        except _CONVERSION_ERRORS:
+            schema = {"type": "object"}
+        return _visit(self._converter, schema, name)
+
+    def text(self) -> str:
+        return str(self._converter.format_grammar())
+
+
+def _call_object(name: str, key: str, arguments_rule: str) -> str:
+    """`{"name": "<name>", "<key>": <arguments>}` with the converter's whitespace rule."""
+    return (
+        f'"{{" space {_json_literal("name")} space ":" space {_json_literal(name)} space "," space '
+        f'{_json_literal(key)} space ":" space {arguments_rule} "}}" space'
+    )
+
+
+def _object_calls(tools: Sequence[Tool], key: str) -> tuple[ToolRules, list[str]]:
+    rules = ToolRules(tools)
+    lines = [
+        f"tc-call-{i} ::= {_call_object(tool.function.name, key, rule)}"
+        for i, (tool, rule) in enumerate(zip(tools, rules.names, strict=True))
+    ]
+    alternatives = " | ".join(f"tc-call-{i}" for i in range(len(tools)))
+    return rules, [*lines, f"tc-object ::= {alternatives}"]
+
+
+def hermes_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
+    """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, once or (parallel) repeated."""
+    rules, lines = _object_calls(tools, "arguments")
+    lines.append('tc-call ::= "<tool_call>\\n" tc-object "\\n</tool_call>"')
+    lines.append("root ::= tc-call" + (' ( "\\n" tc-call )*' if parallel else ""))
+    return "\n".join([rules.text(), *lines]) + "\n"
+
+
+def llama3_grammar(tools: Sequence[Tool]) -> str:
+    """`{"name": ..., "parameters": {...}}`: Llama 3 templates take one call per assistant turn."""
+    rules, lines = _object_calls(tools, "parameters")
+    lines.append("root ::= tc-object")
+    return "\n".join([rules.text(), *lines]) + "\n"
+
+
+def mistral_list_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
+    """`[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v3 tokenizers)."""
+    rules, lines = _object_calls(tools, "arguments")
+    more = ' ( "," space tc-object )*' if parallel else ""
+    lines.append(f'root ::= "[TOOL_CALLS]" "[" tc-object{more} "]"')
+    return "\n".join([rules.text(), *lines]) + "\n"
+
+
+def mistral_named_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
+    """`[TOOL_CALLS]name[ARGS]{...}`, once or (parallel) repeated (v11+ tokenizers)."""
+    rules = ToolRules(tools)
+    alternatives = " | ".join(
+        f'{literal(tool.function.name)} "[ARGS]" {rule}' for tool, rule in zip(tools, rules.names, strict=True)
+    )
+    lines = [f'tc-call ::= "[TOOL_CALLS]" ( {alternatives} )', "root ::= tc-call" + ("+" if parallel else "")]
+    return "\n".join([rules.text(), *lines]) + "\n"

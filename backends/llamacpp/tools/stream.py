@@ -1,0 +1,104 @@
+"""`ToolCallStream`: tool calls and text parsed incrementally from generated text, never retracted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from backends.llamacpp.tools.calls import CallArguments, CallStart, StreamPiece, TextPiece, new_call_id
+
+if TYPE_CHECKING:
+    from backends.llamacpp.tools.formats import ToolFormat
+
+
+class ToolCallStream:
+    """Splits streamed generated text into user text and complete tool calls, one family's syntax.
+
+    Feed every decoded text fragment to `push` and call `finish` once at the end; each returns pieces to
+    send now. Text streams out at once, except a suffix that could still become a call's opener (held back
+    like `StopMatcher` holds a stop string) and whitespace, which is sent only once more text follows it:
+    the pieces' text joined is exactly `ParsedOutput.content` of the same output (stripped; "" for None).
+
+    Once an opener appears, text is buffered until the call block is complete, then it comes out as a
+    `CallStart` (a fresh id) followed by `CallArguments` whose fragments join to the arguments JSON. A block
+    that turns out malformed, names an unknown tool, or is still open at `finish`, is sent as plain text,
+    and so is everything after it: unlike the one-shot parse, calls already sent stay sent. Not
+    thread-safe: one stream per generated sequence.
+    """
+
+    def __init__(self, fmt: ToolFormat, tool_names: Iterable[str]) -> None:
+        self._syntax = fmt.syntax
+        self._names = frozenset(tool_names)
+        self._buffer = ""
+        self._in_call = False
+        self._text_only = False
+        self._sent_text = False
+        self._held_space = ""
+        self._calls = 0
+
+    def push(self, text: str) -> list[StreamPiece]:
+        """Pieces that `text` (appended to what came before) makes final."""
+        self._buffer += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[StreamPiece]:
+        """Everything still held: the end of the output decides open calls (they become text)."""
+        return self._drain(final=True)
+
+    @property
+    def calls(self) -> int:
+        """How many calls have been sent so far."""
+        return self._calls
+
+    def _drain(self, *, final: bool) -> list[StreamPiece]:
+        pieces: list[StreamPiece] = []
+        while self._buffer:
+            if self._text_only:
+                pieces += self._text(self._take(len(self._buffer)))
+            elif self._in_call:
+                if not self._advance_call(pieces, final=final):
+                    break
+            else:
+                at_start = not self._sent_text and self._calls == 0
+                start = self._syntax.find_opener(self._buffer, 0, at_start=at_start)
+                if start >= 0:
+                    pieces += self._text(self._take(start))
+                    self._in_call = True
+                    continue
+                keep = 0 if final else self._syntax.partial_opener(self._buffer, at_start=at_start)
+                pieces += self._text(self._take(len(self._buffer) - keep))
+                break
+        return pieces
+
+    def _advance_call(self, pieces: list[StreamPiece], *, final: bool) -> bool:
+        """Scan the open call block; False when it needs more text."""
+        scan = self._syntax.scan(self._buffer, self._names, final=final)
+        if scan.status == "more":
+            return False
+        if scan.status == "fail":
+            self._text_only = True
+            return True
+        self._take(scan.end)
+        self._in_call = False
+        for call in scan.calls:
+            pieces.append(CallStart(self._calls, new_call_id(), call.name))
+            pieces.append(CallArguments(self._calls, call.arguments))
+            self._calls += 1
+        return True
+
+    def _take(self, n: int) -> str:
+        taken, self._buffer = self._buffer[:n], self._buffer[n:]
+        return taken
+
+    def _text(self, text: str) -> list[StreamPiece]:
+        """User text, with whitespace held so that the whole reads as the stripped content."""
+        body = text.rstrip()
+        if not body:
+            self._held_space += text
+            return []
+        lead = self._held_space
+        if not self._sent_text:
+            lead, body = "", body.lstrip()
+        self._held_space = text[len(text.rstrip()) :]
+        self._sent_text = True
+        return [TextPiece(lead + body)]
