@@ -79,6 +79,9 @@ class DeploymentPlan(_Frozen):
     remote_url: str | None = Field(default=None, description="root URL of an already-running OpenAI endpoint")
     remote_model: str | None = Field(default=None, description="the model's name at that endpoint")
     tool_parser: str | None = Field(default=None, description="LMDeploy --tool-call-parser for the architecture")
+    kv_cache_type: Literal["f16", "q8_0"] = Field(
+        default="f16", description="llama.cpp KV cache type; q8_0 halves it (needs flash attention)"
+    )
 
 
 class LaunchSpec(_Frozen):

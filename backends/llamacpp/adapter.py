@@ -48,6 +48,8 @@ class LlamaCppAdapter:
             argv += ["--n-threads", str(opts.n_threads)]
         if not opts.flash_attn:
             argv.append("--no-flash-attn")
+        if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)
+            argv += ["--cache-type", plan.kv_cache_type]
         env = {"PYTHONUNBUFFERED": "1"}
         if plan.gpu_indices:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
