@@ -41,10 +41,11 @@ def param_path(loc: tuple[int | str, ...], *, dotted: bool = False) -> str | Non
     out = ""
     for i, item in enumerate(loc):
         previous = loc[i - 1] if i else None
-        is_tag = item in _TAGS and (isinstance(previous, int) or previous in _TAGGED_FIELDS)
+        # After a list index a tag is followed by the field inside it; a last element there is a field.
+        is_tag = item in _TAGS and (previous in _TAGGED_FIELDS or (isinstance(previous, int) and i < len(loc) - 1))
         if isinstance(item, int):
             out += f".{item}" if dotted else f"[{item}]"
-        elif item in _BRANCH_LABELS or "[" in item or (is_tag and i < len(loc) - 1):
+        elif item in _BRANCH_LABELS or "[" in item or is_tag:
             continue  # union-branch labels and discriminator tags are pydantic's, not the client's
         else:
             out += ("." if out else "") + item

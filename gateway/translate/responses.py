@@ -109,6 +109,8 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, A
     if req.instructions:
         messages.insert(0, {"role": "system", "content": req.instructions})
     body: dict[str, Any] = {"model": req.model, "messages": messages}
+    if messages and messages[-1]["role"] == "assistant":
+        body["continue_final_message"] = False  # the Responses API has no prefill: always a new turn
     tools = req.function_tools()
     if tools:
         body["tools"] = [
@@ -198,8 +200,9 @@ def response_object(
         "tools": [tool.model_dump(mode="json") for tool in req.function_tools()],
         "top_p": req.top_p,
         "truncation": "disabled",
-        "usage": usage,
     }
+    if usage is not None:  # not nullable in OpenAI's schema: absent until known
+        response["usage"] = usage
     if req.user is not None:
         response["user"] = req.user
     return response
