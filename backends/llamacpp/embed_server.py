@@ -83,6 +83,9 @@ def spec_from_worker_args(args: argparse.Namespace) -> EmbedSpec:
             n_gpu_layers=args.n_gpu_layers,
             flash_attn=args.flash_attn,
             pooling=pooling,
+            cache_type=(
+                ("bf16" if args.n_gpu_layers == 0 else "f16") if args.cache_type == "auto" else args.cache_type
+            ),
         ),
         max_queue=args.max_queue,
         matryoshka=args.matryoshka,
@@ -104,8 +107,15 @@ def _param(loc: Sequence[int | str]) -> str | None:
     return out or None
 
 
-def parse_body(raw: bytes, model_type: type[B]) -> B:
-    """Decode and validate a request body, or raise a 400 `WireError` naming the first bad parameter."""
+_INPUT_FORMS = "'input' must be a string, a list of strings, a token array (list of ints) or a list of token arrays"
+
+
+def parse_body(raw: bytes, model_type: type[B], unions: dict[str, str] | None = None) -> B:
+    """Decode and validate a request body, or raise a 400 `WireError` naming the first bad parameter.
+
+    `unions` maps a union-typed field to the message for a value none of its forms accepts (pydantic's own
+    errors for it are one per form, none of which says what was expected).
+    """
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -117,6 +127,9 @@ def parse_body(raw: bytes, model_type: type[B]) -> B:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(first["loc"])
+        field = first["loc"][0] if first["loc"] else None
+        if isinstance(field, str) and unions and field in unions and first["type"] != "missing":
+            raise WireError(400, unions[field], param=field) from None
         if first["type"] == "missing":
             message = f"missing required parameter: {param}"
         else:
@@ -279,7 +292,7 @@ class _Handlers:
                 raise WireError(
                     400, f"model {self.spec.model_name!r} is a reranker: use /v1/rerank", code="unsupported_task"
                 )
-            body = parse_body(await request.body(), EngineEmbeddingRequest)
+            body = parse_body(await request.body(), EngineEmbeddingRequest, {"input": _INPUT_FORMS})
             model = engine.model
             if body.dimensions is not None:
                 if not self.spec.matryoshka:

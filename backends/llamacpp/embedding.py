@@ -1,12 +1,13 @@
 """llama.cpp in embedding mode: a pooled-output context, many inputs per forward pass, one engine thread.
 
-`EmbeddingModel` is the native part (blocking, like `native.Model`, whose `lib` handle, backend set-up and
-`NativeError` it shares; it is the one other module that calls llama.cpp): a GGUF loaded with `embeddings = true` and the GGUF's pooling (or an override), so
-llama.cpp returns one vector per sequence (`llama_get_embeddings_seq`), or with pooling rank one score per
-sequence from the model's classifier head. Encoders without a KV cache (BERT, nomic-bert, jina-bert) run
-through `llama_encode`; decoders (SmolLM2, Qwen3-Embedding) through `llama_decode`, their KV cache cleared
-before every pass. Every pass holds whole sequences (never one split across passes or micro-batches: with
-non-causal attention llama.cpp requires it, and mean pooling over a split sequence would be wrong).
+`EmbeddingModel` is the native part, blocking like `native.Model` (whose `lib` handle, backend set-up and
+`NativeError` it shares; it is the one other module that calls llama.cpp): a GGUF loaded with
+`embeddings = true` and the GGUF's pooling (or an override), so llama.cpp returns one vector per sequence
+(`llama_get_embeddings_seq`), or with pooling rank one score per sequence from the model's classifier head.
+Encoders without a KV cache (BERT, nomic-bert, jina-bert) run through `llama_encode`; decoders (SmolLM2,
+Qwen3-Embedding) through `llama_decode`, their KV cache cleared before every pass. Every pass holds whole
+sequences (never one split across passes or micro-batches: with non-causal attention llama.cpp requires
+it, and mean pooling over a split sequence would be wrong).
 
 `EmbeddingEngine` puts the model behind the event loop: requests arriving together are queued, and each
 round takes whole requests until it has enough inputs for a full pass, runs them on the one engine thread
@@ -40,6 +41,8 @@ _POOLING_BY_ID: dict[int, Pooling] = {v: k for k, v in _POOLING_IDS.items()}
 
 Vectors = npt.NDArray[np.float32]
 
+_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}  # ggml_type (ggml.h), as in native.py
+
 
 @dataclass(frozen=True)
 class EmbeddingOptions:
@@ -47,7 +50,8 @@ class EmbeddingOptions:
 
     `max_input_tokens` is the longest input accepted (capped at the model's trained context); `n_batch` the
     tokens of one forward pass (at least `max_input_tokens`: a pass always holds whole inputs), shared by at
-    most `n_seq_max` inputs. `pooling` None keeps the GGUF's pooling type.
+    most `n_seq_max` inputs. `pooling` None keeps the GGUF's pooling type. `cache_type` is a decoder's KV
+    cache: bf16 keeps CPU results batch-invariant (f16 and f32 do not once a pass holds a few dozen tokens).
     """
 
     max_input_tokens: int
@@ -57,6 +61,7 @@ class EmbeddingOptions:
     n_gpu_layers: int = 0
     flash_attn: bool = True
     pooling: Pooling | None = None
+    cache_type: str = "bf16"
 
 
 def plan_passes(lengths: Sequence[int], *, max_tokens: int, max_seqs: int) -> list[range]:
@@ -192,6 +197,7 @@ class EmbeddingModel:
             lib.LLAMA_FLASH_ATTN_TYPE_AUTO if options.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.no_perf = True
+        cparams.type_k = cparams.type_v = _CACHE_TYPES[options.cache_type]
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise NativeError("failed to create the llama.cpp embedding context (out of memory?)")

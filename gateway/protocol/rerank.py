@@ -1,0 +1,74 @@
+"""Wire types of /v1/rerank: the shape llama.cpp's server, Jina and Cohere share (OpenAI has no rerank API).
+
+Request: `{model, query, documents, top_n?, return_documents?}`. Response: `{model, object: "list", results:
+[{index, relevance_score, document?: {text}}], usage: {prompt_tokens, total_tokens}}`, results by descending
+`relevance_score` (the reranker's raw score, as llama.cpp reports it: a logit, not a probability), at most
+`top_n` of them, `document` only when `return_documents` was asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backends.request import EngineRerankRequest
+
+MAX_DOCUMENTS = 2048
+"""Documents per request; the worker enforces the same limit (backends/llamacpp/embed_server.MAX_INPUTS)."""
+
+
+class RerankRequest(BaseModel):
+    """A client's rerank body. Unknown fields are ignored, like the gateway's other request types."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str = Field(min_length=1)
+    query: str
+    documents: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+
+    def engine_request(self) -> EngineRerankRequest:
+        """The worker's request (the same fields, validated by the worker with the same bounds)."""
+        return EngineRerankRequest(
+            model=self.model,
+            query=self.query,
+            documents=self.documents,
+            top_n=self.top_n,
+            return_documents=self.return_documents,
+        )
+
+    def engine_body(self) -> dict[str, Any]:
+        return self.engine_request().wire()
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RerankDocument(_Out):
+    text: str
+
+
+class RerankResult(_Out):
+    index: int = Field(ge=0, description="the document's position in the request's `documents`")
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(_Out):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(_Out):
+    """What a rerank worker answers and the gateway re-emits (`render()` leaves out absent documents)."""
+
+    model: str
+    object: Literal["list"] = "list"
+    results: list[RerankResult]
+    usage: RerankUsage
+
+    def render(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
