@@ -88,7 +88,17 @@ def kv_element_bytes(quant_policy: int, head_dim: int) -> float:
     return 2.0
 
 
+LLAMACPP_KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+"""Bytes per cached K or V element in llama.cpp: f16, or q8_0 blocks (32 int8 values + one fp16 scale)."""
+
+
 # --- TurboMind -------------------------------------------------------------------------------------------
+
+
+def turbomind_kv_target_bytes(shape: ModelShape, session_len: int, sessions: int, tp: int, quant_policy: int) -> int:
+    """KV cache per GPU that holds `sessions` full sessions (whole 64-token blocks, heads split over tp)."""
+    kv_token = math.ceil(shape.kv_bytes_per_token(kv_element_bytes(quant_policy, shape.head_dim)) / tp)
+    return math.ceil(session_len / TM_BLOCK_TOKENS) * TM_BLOCK_TOKENS * kv_token * sessions
 
 
 def turbomind_runtime_bytes(shape: ModelShape, session_len: int, max_batch: int, prefill_tokens: int, tp: int) -> int:
@@ -135,8 +145,7 @@ def fit_turbomind(
     weights = math.ceil(source.weights_bytes / tp)
     fixed = TM_FIXED_BYTES_TP1 if tp == 1 else TM_FIXED_BYTES_TP
     free_after = free_bytes - weights - fixed
-    kv_token = math.ceil(shape.kv_bytes_per_token(kv_element_bytes(quant_policy, shape.head_dim)) / tp)
-    session_kv = math.ceil(session_len / TM_BLOCK_TOKENS) * TM_BLOCK_TOKENS * kv_token
+    session_kv = turbomind_kv_target_bytes(shape, session_len, 1, tp, quant_policy)
     target = session_kv * concurrency
     prefill = prefill_tokens or TM_DEFAULT_PREFILL_TOKENS
     batch = max_batch_size or concurrency
@@ -249,16 +258,18 @@ def fit_llamacpp(
     n_ctx_total: int,
     n_batch: int,
     n_offload: int,
+    kv_element_bytes: float = 2.0,
 ) -> LlamaCppFit | Shortfall:
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
     llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);
-    0 is the CPU. Host memory is not checked here."""
+    0 is the CPU. `kv_element_bytes` is the KV cache type's (LLAMACPP_KV_ELEMENT_BYTES). Host memory is not
+    checked here."""
     shape = source.shape
     n_layers = shape.n_layers
     full = n_offload > n_layers
     first = n_layers - min(n_offload, n_layers)
-    kv_layer = [shape.layer_kv_bytes_per_token(layer) * n_ctx_total for layer in range(n_layers)]
+    kv_layer = [shape.layer_kv_bytes_per_token(layer, kv_element_bytes) * n_ctx_total for layer in range(n_layers)]
     need = [source.layer_bytes[layer] + kv_layer[layer] for layer in range(n_layers)]
     compute = llamacpp_compute_bytes(shape, n_ctx_total, n_batch)
     # With every layer offloaded the output head goes too; a tied head is a copy of the embedding there.

@@ -1,0 +1,297 @@
+"""Predicted speed of a placement: decode tokens/s per stream and in total, prefill tokens/s, time to first token.
+
+Decode is memory-bound at small batch: one step reads the weights once and every session's KV cache, and the
+arithmetic only catches up at large batch, so per GPU
+
+    step = fixed + extra sessions x per_session + max(bytes read / (COPY_EFFICIENCY x bandwidth),
+                                                      2 x params x sessions / (FP16 tensor FLOPS x DECODE_MFU))
+
+plus, with tensor parallelism, two all-reduces per layer (TP_ALLREDUCE_S each, per extra GPU), and, for
+layers llama.cpp leaves on the CPU, their bytes at HOST_BANDWIDTH or their arithmetic at CPU speed,
+whichever is slower. Prefill is compute-bound: 2 x params x tokens at PREFILL_MFU of the FP16 tensor FLOPS.
+KV is read at the session's full configured context: the speed when every session is as long as the plan
+promises.
+
+`fixed` and `per_session` (`StepCost`) are measured on the H200 (bench/results/2026-11-29-gpu-h200/): its
+one-stream speeds are 0.27-0.66 of its bandwidth limit, but the gap is a cost per step (kernel launches,
+dequantisation, sampling), not a fraction of bandwidth. Charged as a fraction, Q4_K_M on a V100 would
+decode at ~60 tok/s against the ~130 published (llama.cpp discussion #15013); charged per step, at ~130.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from backends.base import DeploymentPlan, EngineName
+from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, kv_element_bytes
+from gateway.placement.inspection import SourceInfo
+from gateway.placement.inventory import GPU
+
+Objective = Literal["throughput", "latency"]
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """What bounds a GPU's speed: memory bandwidth (spec sheet) and dense FP16 tensor-core throughput."""
+
+    name: str
+    bandwidth_bytes_s: float
+    fp16_tflops: float
+    known: bool = True
+
+
+# Spec-sheet values; matched in order against NVML's name (or a simulated layout's), lower case.
+GPU_TABLE: tuple[tuple[str, GPUSpec], ...] = (
+    (r"v100s", GPUSpec("V100S PCIe", 1134e9, 130)),
+    (r"v100.*pcie", GPUSpec("V100 PCIe", 900e9, 112)),
+    (r"v100", GPUSpec("V100 SXM2", 900e9, 125)),
+    (r"\bt4\b", GPUSpec("T4", 320e9, 65)),
+    (r"\ba10\b", GPUSpec("A10", 600e9, 125)),
+    (r"\bl4\b", GPUSpec("L4", 300e9, 121)),
+    (r"a100.*40\s*gb", GPUSpec("A100 40GB", 1555e9, 312)),
+    (r"a100.*pcie", GPUSpec("A100 80GB PCIe", 1935e9, 312)),
+    (r"a100", GPUSpec("A100 80GB SXM", 2039e9, 312)),
+    (r"h100.*pcie", GPUSpec("H100 PCIe", 2000e9, 756)),
+    (r"h100.*nvl", GPUSpec("H100 NVL", 3900e9, 835)),
+    (r"h100", GPUSpec("H100 SXM", 3350e9, 989)),
+    (r"h200", GPUSpec("H200", 4800e9, 989)),
+    (r"3090\s*ti", GPUSpec("RTX 3090 Ti", 1008e9, 80)),
+    (r"3090", GPUSpec("RTX 3090", 936e9, 71)),
+    (r"4090", GPUSpec("RTX 4090", 1008e9, 165)),
+)
+_FALLBACK = GPU_TABLE[2][1]  # an unknown GPU is predicted as a V100 SXM2, and the prediction says so
+
+COPY_EFFICIENCY = 4257.2 / 4800
+"""Streaming bandwidth reached of the spec sheet's: torch device copy on the H200, 4,257 of 4,800 GB/s
+(llamacpp/copy_bandwidth.json, read + write counted)."""
+DECODE_MFU = 0.5
+"""Share of FP16 tensor FLOPS a batched decode step's matmuls reach (assumed: nothing here runs that large)."""
+PREFILL_MFU = {"llamacpp": 0.33, "turbomind": 0.5}
+"""llama.cpp: the published V100-SXM2 pp512 of 3,040 tok/s for a 7B Q4_0 (2 x 6.74e9 x 3,040 = 41 TFLOPS
+of 125). TurboMind: assumed (its 220-token prompts on the H200 are launch-bound, 14 % of peak)."""
+TP_ALLREDUCE_S = 27.2e-6
+"""One all-reduce per extra GPU: TurboMind tp 2 on two H200s (NVLink) spent 1.77 ms more per step than tp 1
+beyond its halved reads, over 64 all-reduces (turbomind/loadgen_2xv100-16gb.json vs loadgen_v100-32gb.json).
+PCIe-only V100s are slower; unmeasured."""
+HOST_BANDWIDTH = 50e9
+"""Host memory read by llama.cpp's CPU layers (assumed: 'tens of GB/s' on a dual-socket V100 host)."""
+CPU_DECODE_FLOPS_PER_THREAD = 41e9
+CPU_PREFILL_FLOPS_PER_THREAD = 68e9
+"""One llama.cpp thread, SmolLM2-135M Q4_1: 153 tok/s decode, 64-token prompts in 255 ms
+(bench/results/2026-11-29-cpu/batching.json)."""
+PCIE_BANDWIDTH = 12e9
+"""llama.cpp prefill copies CPU-resident weights to the GPU per 512-token batch (PCIe 3.0 x16; assumed)."""
+PROMPT_TOKENS = 512
+"""The 'typical prompt' of the TTFT prediction."""
+
+
+BATCH_KNEE = 8
+"""llama.cpp's batched decode grows steeply up to 8 sequences a step and slowly beyond (measured below)."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds a decode step costs beyond its memory reads: with one session, for each further one up to
+    BATCH_KNEE, and for each beyond."""
+
+    fixed_s: float
+    per_session_s: float
+    per_session_beyond_knee_s: float
+
+    def seconds(self, sessions: int) -> float:
+        extra, knee = sessions - 1, BATCH_KNEE - 1
+        beyond = max(0, extra - knee) * self.per_session_beyond_knee_s
+        return self.fixed_s + min(extra, knee) * self.per_session_s + beyond
+
+
+# fixed: one-stream step time minus its reads (weights less the embedding, KV at the mean context) at
+# 4,257 GB/s (llamacpp/llamacpp_batch1.jsonl; TurboMind: turbomind/loadgen_v100-32gb.json c=1, through
+# voltgate). Per session: the step's growth per stream from 1 to 8 and from 8 to 16 streams, less its KV read
+# (batching-after/batching_{f16,q8_0}_slots{8,16}.json; TurboMind: 1 to 32, linear within noise). Q4_K_M was
+# measured before the one-pass fix only (llamacpp/batching_q4_k_m_slots16.json: 1.16 and 0.94 ms), scaled by
+# Q8_0's gain from that fix (0.77 -> 0.57 and 0.88 -> 0.17 ms).
+STEP_COSTS = {
+    "turbomind": StepCost(1.94e-3, 0.012e-3, 0.012e-3),
+    "llamacpp-f16": StepCost(1.63e-3, 0.38e-3, 0.19e-3),
+    "llamacpp-q8_0": StepCost(2.29e-3, 0.55e-3, 0.15e-3),
+    "llamacpp-quant": StepCost(2.59e-3, 0.85e-3, 0.16e-3),  # measured on Q4_K_M; taken for every other quant
+    "llamacpp-cpu": StepCost(0.5e-3, 0.1e-3, 0.1e-3),  # assumed: no kernel launches, Python sampling per session
+}
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    """The table's row for a GPU name (NVML's, or a simulated layout's); a V100 SXM2 when none matches."""
+    lowered = name.lower()
+    for pattern, spec in GPU_TABLE:
+        if re.search(pattern, lowered):
+            return spec
+    label = f"{name} (not in the table: predicted as a V100 SXM2)"
+    return GPUSpec(label, _FALLBACK.bandwidth_bytes_s, _FALLBACK.fp16_tflops, known=False)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one decode step of a deployment reads and computes: per GPU (tensor parallel splits it), and on
+    the host for llama.cpp layers left there. Params count multiply-adds per token."""
+
+    engine: Literal["turbomind", "llamacpp"]
+    step: StepCost
+    n_layers: int
+    gpu_weight_bytes: float = 0.0
+    gpu_kv_bytes_per_token: float = 0.0
+    gpu_params: float = 0.0
+    host_weight_bytes: float = 0.0
+    host_kv_bytes_per_token: float = 0.0
+    host_params: float = 0.0
+    tp: int = 1
+    host_threads: int = 8
+
+
+class Prediction(BaseModel):
+    """Predicted speed of one placement, from the GPU table and the measured step costs (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: str
+    context_tokens: int
+    decode_tok_s_1: float
+    sessions: int
+    decode_tok_s_per_stream: float
+    aggregate_tok_s: float
+    capacity_sessions: int
+    capacity_tok_s: float
+    prefill_tok_s: float
+    ttft_s: float
+    notes: tuple[str, ...] = ()
+
+    def score(self, objective: Objective) -> float:
+        """throughput: tokens/s in total with every session it can hold decoding; latency: one stream's."""
+        return self.capacity_tok_s if objective == "throughput" else self.decode_tok_s_1
+
+    def describe(self) -> str:
+        parts = [f"1 stream {self.decode_tok_s_1:,.0f} tok/s"]
+        if self.sessions > 1:
+            parts.append(
+                f"{self.sessions} streams {self.decode_tok_s_per_stream:,.0f} tok/s each, "
+                f"{self.aggregate_tok_s:,.0f} tok/s in total"
+            )
+        if self.capacity_sessions > self.sessions:
+            parts.append(f"up to {self.capacity_sessions} streams {self.capacity_tok_s:,.0f} tok/s in total")
+        parts.append(f"prefill {self.prefill_tok_s:,.0f} tok/s, TTFT {self.ttft_s:.2f} s for {PROMPT_TOKENS} tokens")
+        return "; ".join(parts)
+
+
+def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: int, context: int) -> float:
+    """One decode step with `sessions` sessions at `context` tokens each."""
+    step = work.step.seconds(sessions)
+    if gpu is not None and work.gpu_weight_bytes:
+        read = work.gpu_weight_bytes + sessions * context * work.gpu_kv_bytes_per_token
+        memory = read / (COPY_EFFICIENCY * gpu.bandwidth_bytes_s)
+        compute = 2 * work.gpu_params * sessions / (gpu.fp16_tflops * 1e12 * DECODE_MFU)
+        step += max(memory, compute) + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1)
+    if work.host_weight_bytes:
+        read = work.host_weight_bytes + sessions * context * work.host_kv_bytes_per_token
+        compute = 2 * work.host_params * sessions / (work.host_threads * CPU_DECODE_FLOPS_PER_THREAD)
+        step += max(read / HOST_BANDWIDTH, compute)
+    return step
+
+
+def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
+    """One prompt of `tokens` on an idle deployment (in 512-token batches)."""
+    batches = math.ceil(tokens / 512)
+    if gpu is None:
+        params = work.gpu_params + work.host_params
+        return batches * work.step.fixed_s + 2 * params * tokens / (work.host_threads * CPU_PREFILL_FLOPS_PER_THREAD)
+    flops = gpu.fp16_tflops * 1e12 * PREFILL_MFU[work.engine]
+    seconds = batches * (work.step.fixed_s + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1))
+    seconds += 2 * (work.gpu_params + work.host_params) * tokens / flops  # CPU layers' matmuls run on the GPU
+    return seconds + batches * work.host_weight_bytes / PCIE_BANDWIDTH
+
+
+def predict(work: Workload, gpu: GPUSpec | None, *, context: int, sessions: int, capacity: int) -> Prediction:
+    """Speeds at one stream, at `sessions` streams (the configured concurrency, at most what the placement
+    holds) and at `capacity` (the most it decodes at once), plus prefill and TTFT for PROMPT_TOKENS."""
+    capacity = max(capacity, sessions)
+    one = 1 / step_seconds(work, gpu, 1, context)
+    each = 1 / step_seconds(work, gpu, sessions, context)
+    most = capacity / step_seconds(work, gpu, capacity, context)
+    prefill = prefill_seconds(work, gpu, PROMPT_TOKENS)
+    notes = []
+    if gpu is not None and not gpu.known:
+        notes.append(f"GPU {gpu.name}")
+    if gpu is not None and work.host_weight_bytes:
+        notes.append(
+            f"{work.host_weight_bytes / 1e9:.2f} GB of weights are read from host memory every token "
+            f"(at most {HOST_BANDWIDTH / 1e9:.0f} GB/s assumed, against the GPU's "
+            f"{gpu.bandwidth_bytes_s / 1e9:,.0f} GB/s)"
+        )
+    return Prediction(
+        gpu=gpu.name if gpu is not None else f"CPU ({work.host_threads} threads)",
+        context_tokens=context,
+        decode_tok_s_1=round(one, 1),
+        sessions=sessions,
+        decode_tok_s_per_stream=round(each, 1),
+        aggregate_tok_s=round(each * sessions, 1),
+        capacity_sessions=capacity,
+        capacity_tok_s=round(most, 1),
+        prefill_tok_s=round(PROMPT_TOKENS / prefill, 1),
+        ttft_s=round(prefill + 1 / one, 3),
+        notes=tuple(notes),
+    )
+
+
+def _llamacpp_step(quant: str | None) -> StepCost:
+    label = (quant or "").upper()
+    if label in ("F16", "BF16", "F32"):
+        return STEP_COSTS["llamacpp-f16"]
+    return STEP_COSTS["llamacpp-q8_0" if label == "Q8_0" else "llamacpp-quant"]
+
+
+def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int = 8) -> Workload:
+    """What one decode step of `plan` reads and computes. The token embedding is a lookup (one row read),
+    unless it doubles as the output head; llama.cpp splits layers over several GPUs in sequence, so their
+    reads add up as on one GPU."""
+    shape = source.shape
+    params_per_byte = source.n_params / max(source.weights_bytes, 1)
+    head = source.output_bytes + (source.embedding_bytes if source.tied_embeddings else 0)
+    if plan.engine is EngineName.LMDEPLOY:
+        read = (sum(source.layer_bytes) + head) / plan.tp
+        kv_token = shape.kv_bytes_per_token(kv_element_bytes(plan.quant_policy, shape.head_dim)) / plan.tp
+        step = STEP_COSTS["turbomind"]
+        return Workload("turbomind", step, shape.n_layers, read, kv_token, read * params_per_byte, tp=plan.tp)
+    n = shape.n_layers
+    full = plan.n_gpu_layers < 0 or plan.n_gpu_layers > n
+    first = 0 if full else n - plan.n_gpu_layers
+    element = LLAMACPP_KV_ELEMENT_BYTES[plan.kv_cache_type]
+    kv = [shape.layer_kv_bytes_per_token(layer, element) for layer in range(n)]
+    gpu_read = sum(source.layer_bytes[first:]) + (head if full else 0) if first < n else 0
+    host_read = sum(source.layer_bytes[:first]) + (0 if full else head)
+    return Workload(
+        "llamacpp",
+        _llamacpp_step(plan.quant) if gpu_read else STEP_COSTS["llamacpp-cpu"],
+        n,
+        gpu_weight_bytes=gpu_read,
+        gpu_kv_bytes_per_token=sum(kv[first:]) if gpu_read else 0,
+        gpu_params=gpu_read * params_per_byte,
+        host_weight_bytes=host_read,
+        host_kv_bytes_per_token=sum(kv[:first]),
+        host_params=host_read * params_per_byte,
+        host_threads=plan.llamacpp.n_threads or host_threads,
+    )
+
+
+def predict_plan(
+    plan: DeploymentPlan, source: SourceInfo, gpus: list[GPU], *, concurrency: int, capacity: int, host_threads: int
+) -> Prediction:
+    """The prediction for a plan on these GPUs (the slowest of them bounds a tensor-parallel or split plan):
+    `concurrency` sessions, at most `capacity` at once."""
+    work = workload_for(plan, source, host_threads=host_threads)
+    used = [gpu_spec(g.name) for g in gpus if g.index in plan.gpu_indices] if work.gpu_weight_bytes else []
+    slowest = min(used, key=lambda s: s.bandwidth_bytes_s) if used else None
+    sessions = min(concurrency, capacity)
+    return predict(work, slowest, context=plan.context_tokens, sessions=sessions, capacity=capacity)
