@@ -1,6 +1,7 @@
 """Stored Responses (`store: true`): SQLite in the data directory, so `previous_response_id` survives restarts.
 
-Each row keeps one response's request input items, its output items and the Response JSON. A follow-up
+Each row keeps one response's request input items and the Response JSON (its output items are the
+Response's `output`; `size_bytes` counts both). A follow-up
 turn resolves its `previous_response_id` chain into one flat item history (oldest turn first: its inputs,
 then its outputs), which the Responses translation replays as chat messages.
 
@@ -28,7 +29,6 @@ CREATE TABLE IF NOT EXISTS responses (
     created_at  REAL NOT NULL,
     used_at     REAL NOT NULL,
     input       TEXT NOT NULL,
-    output      TEXT NOT NULL,
     response    TEXT NOT NULL,
     size_bytes  INTEGER NOT NULL
 );
@@ -128,15 +128,12 @@ class ResponseStore:
     # -- statements (worker thread, under the lock) -----------------------------------------------------
     def _put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
         now = self._clock()
-        input_json, output_json = json.dumps(input_items), json.dumps(response.get("output") or [])
-        response_json = json.dumps(response)
-        size = len(input_json) + len(output_json) + len(response_json)
-        row = (response["id"], response.get("previous_response_id"), now, now, input_json, output_json)
+        input_json, response_json = json.dumps(input_items), json.dumps(response)
+        size = len(input_json.encode()) + len(response_json.encode())
+        row = (response["id"], response.get("previous_response_id"), now, now, input_json, response_json, size)
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, response_json, size)
-            )
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)", row)
             self._db.execute(
                 _CHAIN + "UPDATE responses SET used_at = ? WHERE id IN (SELECT id FROM chain)",
                 (response["id"], MAX_CHAIN, now),
@@ -161,19 +158,19 @@ class ResponseStore:
 
     def _history(self, response_id: str) -> list[dict[str, Any]]:
         query = (
-            _CHAIN + "SELECT chain.id, chain.previous_id, r.input, r.output FROM chain "
+            _CHAIN + "SELECT chain.previous_id, r.input, r.response FROM chain "
             "JOIN responses r ON r.id = chain.id ORDER BY chain.depth DESC"
         )
         with self._lock:
             rows = self._db.execute(query, (response_id, MAX_CHAIN)).fetchall()
         if not rows:
             raise NotFound(response_id)
-        if rows[0][1] is not None:  # the oldest turn found still names a predecessor: the chain is broken
-            raise NotFound(rows[0][1])
+        if rows[0][0] is not None:  # the oldest turn found still names a predecessor: the chain is broken
+            raise NotFound(rows[0][0])
         items: list[dict[str, Any]] = []
-        for _id, _previous, input_json, output_json in rows:
+        for _previous, input_json, response_json in rows:
             items += json.loads(input_json)
-            items += json.loads(output_json)
+            items += json.loads(response_json).get("output") or []
         return items
 
     def _delete(self, response_id: str) -> None:

@@ -266,6 +266,6 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
 def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
     """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message."""
     message = error.message
-    if error.param and error.param not in message:
+    if error.param and not message.startswith(f"{error.param}:"):
         message = f"{error.param}: {message}"
     return anthropic_error(error.status, message)

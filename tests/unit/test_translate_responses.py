@@ -209,7 +209,7 @@ async def test_second_and_third_turns_replay_function_calls_and_outputs_by_call_
 
 
 def test_assistant_text_and_following_function_calls_form_one_chat_message() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": "Check"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}", "id": "fc_1"},

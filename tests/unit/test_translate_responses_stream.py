@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -96,10 +96,10 @@ def sdk_client(events: list[dict[str, Any]]) -> openai.OpenAI:
     """The openai SDK reading our SSE bytes from an in-process transport (stands for the real route)."""
     body = b"".join(encode_event(e) for e in events)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
-    http = httpx.Client(transport=httpx.MockTransport(handler))
+    http = httpx2.Client(transport=httpx2.MockTransport(handler))  # the SDK's own fork of httpx
     return openai.OpenAI(base_url="http://voltgate.test/v1", api_key="k", http_client=http, max_retries=0)
 
 
@@ -273,4 +273,7 @@ def test_sdk_raw_stream_parses_every_event_type() -> None:
         "ResponseInProgressEvent",
         "ResponseOutputItemAddedEvent",
     ]
-    assert parsed[-1].type == "response.completed" and parsed[-1].response.output[0].call_id == "call_abc"
+    last = parsed[-1]
+    assert last.type == "response.completed"
+    [item] = last.response.output
+    assert item.type == "function_call" and item.call_id == "call_abc"

@@ -1,0 +1,244 @@
+"""Anthropic Messages streaming: chat chunks → stream events, checked against the anthropic SDK's types and
+replayed through its stream helper (over an in-process transport: no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from anthropic.types import RawMessageStreamEvent
+from pydantic import TypeAdapter
+
+from gateway.errors import GatewayError
+from gateway.protocol.anthropic import MessagesRequest
+from gateway.translate import MessagesStream, encode_event
+
+EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **choice: Any) -> dict[str, Any]:
+    entry = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish, **choice}
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "smol", "choices": [entry]}
+
+
+def usage_chunk(prompt: int = 21, completion: int = 6) -> dict[str, Any]:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "smol",
+        "choices": [],
+        "usage": usage,
+    }
+
+
+def call_delta(
+    index: int, *, call_id: str | None = None, name: str | None = None, arguments: str = ""
+) -> dict[str, Any]:
+    delta: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if call_id is not None:
+        delta |= {"id": call_id, "type": "function"}
+        delta["function"]["name"] = name
+    return {"tool_calls": [delta]}
+
+
+TEXT = [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), chunk({"content": "lo"}),
+        chunk(finish="stop"), usage_chunk()]  # fmt: skip
+FRAGMENTS = ['{"city"', ': "Par', 'is"}']
+ONE_CALL = [
+    chunk({"role": "assistant", "content": None}),
+    chunk(call_delta(0, call_id="call_abc", name="get_weather")),
+    *[chunk(call_delta(0, arguments=f)) for f in FRAGMENTS],
+    chunk(finish="tool_calls"),
+    usage_chunk(),
+]
+TWO_CALLS = [
+    chunk({"content": "Both:"}),
+    chunk(call_delta(0, call_id="call_1", name="get_weather", arguments='{"city":')),
+    chunk(call_delta(0, arguments='"Paris"}')),
+    chunk(call_delta(1, call_id="call_2", name="get_weather", arguments='{"city":')),
+    chunk(call_delta(1, arguments='"Rome"}')),
+    chunk(finish="tool_calls"),
+    usage_chunk(),
+]
+
+
+def request(**fields: Any) -> MessagesRequest:
+    body = {"model": "smol", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    return MessagesRequest.model_validate(body | fields)
+
+
+def run(
+    chunks: list[dict[str, Any]], req: MessagesRequest | None = None
+) -> tuple[list[dict[str, Any]], MessagesStream]:
+    stream = MessagesStream(req or request(), message_id="msg_s")
+    events = stream.start()
+    for c in chunks:
+        events += stream.feed(c)
+    return events + stream.finish(), stream
+
+
+def check(events: list[dict[str, Any]]) -> None:
+    """Every event but ping parses as the SDK's RawMessageStreamEvent; block indices open and close in order."""
+    open_index: int | None = None
+    next_index = 0
+    for event in events:
+        if event["type"] != "ping":
+            EVENTS.validate_python(event)
+        if event["type"] == "content_block_start":
+            assert open_index is None and event["index"] == next_index
+            open_index, next_index = event["index"], next_index + 1
+        elif event["type"] == "content_block_delta":
+            assert event["index"] == open_index
+        elif event["type"] == "content_block_stop":
+            assert event["index"] == open_index
+            open_index = None
+    assert open_index is None
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def sdk_client(events: list[dict[str, Any]]) -> anthropic.Anthropic:
+    """The anthropic SDK reading our SSE bytes from an in-process transport (stands for the real route)."""
+    body = b"".join(encode_event(e) for e in events)
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    http = httpx2.Client(transport=httpx2.MockTransport(handler))  # this SDK's own fork of httpx
+    return anthropic.Anthropic(base_url="http://voltgate.test", api_key="k", http_client=http, max_retries=0)
+
+
+def test_text_stream_is_the_documented_event_flow() -> None:
+    events, stream = run(TEXT)
+    check(events)
+    assert types(events) == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = events[0]["message"]
+    assert (start["id"], start["model"], start["content"], start["stop_reason"]) == ("msg_s", "smol", [], None)
+    assert [e["delta"] for e in events[3:5]] == [
+        {"type": "text_delta", "text": "Hel"},
+        {"type": "text_delta", "text": "lo"},
+    ]
+    assert events[6]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert events[6]["usage"] == {"output_tokens": 6, "input_tokens": 21}
+    final = stream.final_message()
+    anthropic.types.Message.model_validate(final)
+    assert final["content"] == [{"type": "text", "text": "Hello"}] and final["usage"] == {
+        "input_tokens": 21,
+        "output_tokens": 6,
+    }
+
+
+def test_tool_call_fragments_are_forwarded_verbatim_as_partial_json() -> None:
+    events, stream = run(ONE_CALL, request(tools=[WEATHER]))
+    check(events)
+    assert types(events)[2:] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[2]["content_block"] == {"type": "tool_use", "id": "call_abc", "name": "get_weather", "input": {}}
+    assert [e["delta"]["partial_json"] for e in events[3:6]] == FRAGMENTS
+    assert events[7]["delta"]["stop_reason"] == "tool_use"
+    assert stream.final_message()["content"] == [
+        {"type": "tool_use", "id": "call_abc", "name": "get_weather", "input": {"city": "Paris"}}
+    ]
+
+
+def test_text_then_two_parallel_tool_calls_are_three_sequential_blocks() -> None:
+    events, stream = run(TWO_CALLS, request(tools=[WEATHER]))
+    check(events)
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == ["text", "tool_use", "tool_use"]
+    content = stream.final_message()["content"]
+    assert [(b.get("id"), b.get("input")) for b in content[1:]] == [
+        ("call_1", {"city": "Paris"}),
+        ("call_2", {"city": "Rome"}),
+    ]
+
+
+def test_length_finish_is_max_tokens() -> None:
+    events, _ = run([chunk({"content": "Once"}), chunk(finish="length"), usage_chunk()])
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens"
+
+
+def test_a_named_stop_sequence_is_reported() -> None:
+    events, _ = run([chunk({"content": "x"}), chunk(finish="stop", stop_reason="END")], request(stop_sequences=["END"]))
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert events[-2]["usage"] == {"output_tokens": 0}  # no usage chunk: input tokens are left out, not zeroed
+
+
+def test_failure_is_one_error_event_in_anthropics_envelope() -> None:
+    stream = MessagesStream(request(), message_id="m")
+    events = stream.feed(chunk({"content": "Hal"}))
+    events += stream.fail(503, "no worker is ready")
+    assert types(events) == ["message_start", "ping", "content_block_start", "content_block_delta", "error"]
+    assert events[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": "no worker is ready"}}
+    assert stream.finish() == [] and stream.feed(chunk({"content": "x"})) == []
+
+
+def test_a_fragment_for_a_closed_tool_call_is_an_upstream_error() -> None:
+    stream = MessagesStream(request(), message_id="m")
+    stream.feed(chunk(call_delta(0, call_id="a", name="f", arguments="{")))
+    stream.feed(chunk(call_delta(1, call_id="b", name="f", arguments="{")))
+    with pytest.raises(GatewayError) as caught:
+        stream.feed(chunk(call_delta(0, arguments="}")))
+    assert caught.value.status == 502
+
+
+def test_sdk_stream_helper_accumulates_the_final_message() -> None:
+    events, _ = run(TWO_CALLS, request(tools=[WEATHER]))
+    client = sdk_client(events)
+    with client.messages.stream(model="smol", max_tokens=32, messages=[{"role": "user", "content": "hi"}]) as stream:
+        json_snapshots = [e.snapshot for e in stream if e.type == "input_json"]
+        final = stream.get_final_message()
+    assert json_snapshots[-1] == {"city": "Rome"}
+    assert final.stop_reason == "tool_use"
+    assert [b.type for b in final.content] == ["text", "tool_use", "tool_use"]
+    assert [(b.id, b.input) for b in final.content if b.type == "tool_use"] == [
+        ("call_1", {"city": "Paris"}),
+        ("call_2", {"city": "Rome"}),
+    ]
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (21, 6)
+
+
+def test_sdk_stream_helper_reads_text() -> None:
+    events, _ = run(TEXT)
+    with sdk_client(events).messages.stream(
+        model="smol", max_tokens=32, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "Hello" and final.stop_reason == "end_turn" and final.id == "msg_s"
+
+
+def test_sdk_raises_on_the_error_event() -> None:
+    stream = MessagesStream(request(), message_id="m")
+    events = stream.feed(chunk({"content": "Hal"})) + stream.fail(529, "overloaded")
+    client = sdk_client(events)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        list(
+            client.messages.create(
+                model="smol", max_tokens=32, messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        )
+    assert "overloaded" in str(caught.value)
