@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +33,18 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """`transformers`' `tojson`: plain JSON in the given key order. Jinja's own sorts keys and returns
+    HTML-escaped Markup, which templates that concatenate it with strings (Mistral's) turn into `&#34;`."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     """A Hugging Face style Jinja chat template, rendered in a sandbox like `transformers` does."""
 
@@ -41,6 +54,7 @@ class ChatTemplate:
         )
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(source)
         self.bos_token = bos_token
         self.eos_token = eos_token
