@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS responses (
     size_bytes  INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_used_at ON responses (used_at);
+PRAGMA user_version = 1;
 """
 
 # The chain from one response back to the first, nearest first; depth bounds a corrupt cycle.

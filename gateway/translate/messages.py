@@ -99,7 +99,8 @@ def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
 def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
     """The chat-completions request for `req` (for `CountTokensRequest`: its prompt part only).
 
-    Mapping: system → a leading system message; tool_choice any → "required", tool → named, none →
+    Mapping: system → a leading system message (text blocks joined by newlines); tool_result with
+    is_error → a tool message whose content starts "Error: "; tool_choice any → "required", tool → named, none →
     "none", disable_parallel_tool_use → parallel_tool_calls false; stop_sequences → stop; top_k is the
     gateway's top_k extension; metadata.user_id → user; output_config.format → response_format
     json_schema.

@@ -58,7 +58,8 @@ class ResponsesStream:
     `finish()` (the chat stream ended) or `fail()` (it broke); later calls return no events. Each call
     returns the events to send, in order. Items are sequential: a tool call whose arguments continue
     after another tool call has begun cannot be streamed faithfully, so `feed()` raises a 502
-    `GatewayError` (upstream_error) for it; the caller then calls `fail()`. Not thread-safe.
+    `GatewayError` (upstream_error) for it; the caller then calls `fail()`. `refusal` deltas are not
+    streamed (no engine here emits them; a non-streamed refusal becomes a refusal part). Not thread-safe.
     """
 
     def __init__(self, req: ResponsesRequest, *, response_id: str, created_at: int) -> None:

@@ -13,7 +13,8 @@ from pydantic import TypeAdapter
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import MessagesRequest
-from gateway.translate import MessagesStream, encode_event
+from gateway.translate import MessagesStream, encode_event, parse_body
+from gateway.translate.messages import to_chat
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
@@ -104,11 +105,13 @@ def types(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
-def sdk_client(events: list[dict[str, Any]]) -> anthropic.Anthropic:
+def sdk_client(events: list[dict[str, Any]], sent: list[bytes] | None = None) -> anthropic.Anthropic:
     """The anthropic SDK reading our SSE bytes from an in-process transport (stands for the real route)."""
     body = b"".join(encode_event(e) for e in events)
 
     def handler(request: httpx2.Request) -> httpx2.Response:
+        if sent is not None:
+            sent.append(request.read())
         return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
     http = httpx2.Client(transport=httpx2.MockTransport(handler))  # this SDK's own fork of httpx
@@ -242,3 +245,31 @@ def test_sdk_raises_on_the_error_event() -> None:
             )
         )
     assert "overloaded" in str(caught.value)
+
+
+def test_a_request_the_sdk_builds_parses_and_translates() -> None:
+    sent: list[bytes] = []
+    events, _ = run(TEXT)
+    client = sdk_client(events, sent)
+    with client.messages.stream(
+        model="smol",
+        max_tokens=32,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
+        ],
+        tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        stop_sequences=["END"],
+        metadata={"user_id": "u1"},
+    ) as stream:
+        stream.until_done()
+    req = parse_body(sent[0], MessagesRequest, dotted=True)
+    body = to_chat(req)
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert body["parallel_tool_calls"] is False and body["stop"] == ["END"] and body["user"] == "u1"

@@ -365,3 +365,11 @@ def test_hints_without_meaning_here_are_accepted() -> None:
     )
     assert req.stores is False
     assert respond(completion("x"), req)["store"] is False
+
+
+def test_text_format_and_tool_settings_are_echoed_in_the_response() -> None:
+    fmt = {"type": "json_schema", "name": "city", "schema": {"type": "object"}, "strict": True}
+    req = request(text={"format": fmt}, tools=[WEATHER], tool_choice="none", parallel_tool_calls=False, user="u")
+    response = respond(completion('{"a": 1}'), req)
+    assert response["text"] == {"format": fmt}
+    assert (response["tool_choice"], response["parallel_tool_calls"], response["user"]) == ("none", False, "u")

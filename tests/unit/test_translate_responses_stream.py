@@ -12,7 +12,8 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.translate import ResponsesStream, encode_event
+from gateway.translate import ResponsesStream, encode_event, parse_body
+from gateway.translate.responses import to_chat
 from tests.responses_schema import assert_event_matches
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": None}
@@ -92,11 +93,13 @@ def types(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
-def sdk_client(events: list[dict[str, Any]]) -> openai.OpenAI:
+def sdk_client(events: list[dict[str, Any]], sent: list[bytes] | None = None) -> openai.OpenAI:
     """The openai SDK reading our SSE bytes from an in-process transport (stands for the real route)."""
     body = b"".join(encode_event(e) for e in events)
 
     def handler(request: httpx2.Request) -> httpx2.Response:
+        if sent is not None:
+            sent.append(request.read())
         return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
     http = httpx2.Client(transport=httpx2.MockTransport(handler))  # the SDK's own fork of httpx
@@ -277,3 +280,29 @@ def test_sdk_raw_stream_parses_every_event_type() -> None:
     assert last.type == "response.completed"
     [item] = last.response.output
     assert item.type == "function_call" and item.call_id == "call_abc"
+
+
+def test_a_request_the_sdk_builds_parses_and_translates() -> None:
+    sent: list[bytes] = []
+    events, _ = run(TEXT)
+    stream = sdk_client(events, sent).responses.create(
+        model="smol",
+        instructions="Be brief.",
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ],
+        tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}],
+        tool_choice="auto",
+        text={"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}},
+        reasoning={"effort": "low"},
+        max_output_tokens=32,
+        metadata={"trace": "t1"},
+        stream=True,
+    )
+    list(stream)
+    req = parse_body(sent[0], ResponsesRequest)
+    body = to_chat(req, [])
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert body["messages"][2]["tool_calls"][0]["id"] == "call_1" and body["stream"] is True
