@@ -69,9 +69,27 @@ def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     system = req.system_text()
     if system:
         messages.append({"role": "system", "content": system})
+    _check_tool_ids(req.messages)
     for message in req.messages:
         messages += _turn(message)
     return messages
+
+
+def _check_tool_ids(turns: list[InputMessage]) -> None:
+    """As Anthropic answers them: a tool_result for no earlier tool_use, or a tool_use never answered, is a 400."""
+    pending: dict[str, str] = {}  # tool_use id → where it was
+    for i, turn in enumerate(turns):
+        for j, block in enumerate(turn.content if isinstance(turn.content, list) else ()):
+            where = f"messages.{i}.content.{j}"
+            if isinstance(block, ToolUseBlock):
+                pending[block.id] = where
+            elif isinstance(block, ToolResultBlock) and pending.pop(block.tool_use_id, None) is None:
+                message = f"tool_result block for {block.tool_use_id!r}, which no earlier tool_use block has"
+                raise GatewayError(ErrorCode.INVALID_REQUEST, message, param=f"{where}.tool_use_id")
+    if pending:
+        tool_use_id, where = next(iter(pending.items()))
+        message = f"tool_use block {tool_use_id!r} has no tool_result block after it"
+        raise GatewayError(ErrorCode.INVALID_REQUEST, message, param=f"{where}.id")
 
 
 def _turn(message: InputMessage) -> list[dict[str, Any]]:

@@ -50,17 +50,18 @@ def _call(item: FunctionCallItem) -> dict[str, Any]:
 def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, Any]]:
     """Chat messages for Responses items; consecutive assistant text and function calls form one message.
 
-    A function_call_output whose call_id no earlier function_call produced is a 400 (as OpenAI answers it),
-    named by its index in the request's own `input` (items before `first_request_index` are history).
+    As OpenAI answers them, a function_call_output whose call_id no earlier function_call produced, and a
+    function_call left without its output, are 400s; an output is named by its index in the request's own
+    `input` (items before `first_request_index` are history).
     """
     messages: list[dict[str, Any]] = []
-    call_ids: set[str] = set()
+    call_ids: dict[str, bool] = {}  # call_id → answered
     for i, item in enumerate(items):
         last = messages[-1] if messages else None
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": _text_parts(item.content)})
         elif isinstance(item, FunctionCallItem):
-            call_ids.add(item.call_id)
+            call_ids[item.call_id] = False
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(_call(item))
             else:
@@ -73,10 +74,15 @@ def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, A
                     f"No tool call found for function call output with call_id {item.call_id}.",
                     param=where,
                 )
+            call_ids[item.call_id] = True
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text_parts(item.output)})
         elif not isinstance(item, ReasoningItem):  # reasoning from elsewhere is opaque here: skipped
             kind = getattr(item, "type", "?")
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"input items of type {kind!r} are not supported")
+    unanswered = [call_id for call_id, answered in call_ids.items() if not answered]
+    if unanswered:
+        message = f"No tool output found for function call {unanswered[0]}."
+        raise GatewayError(ErrorCode.INVALID_REQUEST, message, param="input")
     return messages
 
 
@@ -102,7 +108,7 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, A
 
     `instructions` come first as a system message; those of earlier responses are not carried over (they
     are not input items), as OpenAI documents. Raises a 400 `GatewayError` for a function_call_output
-    without its function_call.
+    without its function_call, or a function_call without its output.
     """
     history_items = _ITEMS.validate_python(history)
     messages = _messages([*history_items, *req.items()], first_request_index=len(history_items))

@@ -155,6 +155,29 @@ def test_tool_choice_maps_onto_chat(choice: dict[str, Any], expected: dict[str, 
     chat_request(body)
 
 
+def test_tool_results_and_tool_uses_must_pair_up() -> None:
+    orphan = request(
+        messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]
+    )
+    with pytest.raises(GatewayError) as caught:
+        to_chat(orphan)
+    assert caught.value.status == 400 and caught.value.param == "messages.0.content.0.tool_use_id"
+    unanswered = request(
+        tools=[WEATHER],
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}],
+            },
+            {"role": "user", "content": "never mind"},
+        ],
+    )
+    with pytest.raises(GatewayError) as caught:
+        to_chat(unanswered)
+    assert caught.value.param == "messages.1.content.0.id"
+
+
 def test_a_final_assistant_message_is_a_prefill_the_chat_path_continues() -> None:
     body = to_chat(request(messages=[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]))
     assert body["messages"][-1] == {"role": "assistant", "content": "1, 2,"}

@@ -155,6 +155,17 @@ def test_function_call_output_without_its_call_is_refused_naming_the_item() -> N
     assert "call_missing" in caught.value.message
 
 
+async def test_a_turn_after_tool_calls_without_their_outputs_is_refused(tmp_path: Any) -> None:
+    store = ResponseStore(tmp_path)
+    turn1 = request(input="Weather?", tools=[WEATHER])
+    response1 = respond(completion(None, [tool_call("call_p", "get_weather", "{}")], finish="tool_calls"), turn1)
+    await store.put(response1, turn1.input_items())
+    with pytest.raises(GatewayError) as caught:
+        to_chat(request(previous_response_id="resp_1", input="never mind"), await store.history("resp_1"))
+    assert caught.value.status == 400 and caught.value.param == "input" and "call_p" in caught.value.message
+    store.close()
+
+
 def test_reasoning_items_are_skipped_and_reasoning_effort_is_not_applied() -> None:
     req = request(
         input=[{"type": "reasoning", "id": "rs_1", "summary": []}, {"role": "user", "content": "Hi"}],
