@@ -3,7 +3,9 @@ nothing shown that is later taken back, and an unfinished call given back as tex
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Set
 from typing import Any
 
 import pytest
@@ -17,7 +19,8 @@ from backends.llamacpp.tools import (
     ToolCallStream,
     ToolFormat,
 )
-from backends.llamacpp.tools.formats import HERMES, LLAMA3, MISTRAL_V11
+from backends.llamacpp.tools.formats import HERMES, LLAMA3, MISTRAL_V11, HermesFormat
+from backends.llamacpp.tools.syntax import HermesSyntax, Scan
 from tests.unit.test_tool_formats import NAMES, SAMPLES, expected
 
 CALL_ID = re.compile(r"^call_[A-Za-z0-9]{24}$")
@@ -112,3 +115,28 @@ def test_mistral_calls_stream_one_by_one_with_fresh_ids() -> None:
     assert isinstance(first[0], CallStart) and isinstance(second[0], CallStart)
     assert (first[0].index, second[0].index) == (0, 1) and first[0].id != second[0].id
     assert stream.calls == 2 and stream.finish() == []
+
+
+class CountingHermesSyntax(HermesSyntax):
+    """The real Hermes syntax, counting how often the stream rescans an open block."""
+
+    def __init__(self) -> None:
+        self.scans = 0
+
+    def scan(self, text: str, names: Set[str], *, final: bool) -> Scan:
+        self.scans += 1
+        return super().scan(text, names, final=final)
+
+
+def test_a_long_call_is_rescanned_only_where_it_may_close() -> None:
+    code = 'def f(x):\n    return {"a": [x, {x}]}  # ) ] }\n' * 500
+    text = "Writing it.\n" + '<tool_call>\n{"name": "write_file", "arguments": ' + json.dumps({"content": code})
+    text += "}\n</tool_call>"
+    syntax = CountingHermesSyntax()
+    stream = ToolCallStream(HermesFormat(syntax), ["write_file"])
+    pieces = [p for i in range(0, len(text), 3) for p in stream.push(text[i : i + 3])] + stream.finish()
+    assert collect(pieces) == (
+        "Writing it.",
+        [ParsedCall("write_file", json.dumps({"content": code}, separators=(",", ":")))],
+    )
+    assert syntax.scans < 30  # not once per push: 25,000 characters arrive in over 8,000 pushes

@@ -24,7 +24,14 @@ class ToolCallStream:
     that turns out malformed, names an unknown tool, or is still open at `finish`, is sent as plain text,
     and so is everything after it: unlike the one-shot parse, calls already sent stay sent. Not
     thread-safe: one stream per generated sequence.
+
+    An open block is rescanned only when it may have just closed (see `_Closings`) or is still short, so
+    streaming a long call (a file written through a tool) costs time linear in its length.
     """
+
+    SHORT_BLOCK = 48
+    """Below this many characters an open block is rescanned on every push, so that a block that is no call
+    ("<tool_call> is a tag") is given back as text promptly."""
 
     def __init__(self, fmt: ToolFormat, tool_names: Iterable[str]) -> None:
         self._syntax = fmt.syntax
@@ -35,10 +42,14 @@ class ToolCallStream:
         self._sent_text = False
         self._held_space = ""
         self._calls = 0
+        self._closings = _Closings()
+        self._may_be_complete = False
 
     def push(self, text: str) -> list[StreamPiece]:
         """Pieces that `text` (appended to what came before) makes final."""
         self._buffer += text
+        if self._in_call:
+            self._may_be_complete |= self._closings.feed(text)
         return self._drain(final=False)
 
     def finish(self) -> list[StreamPiece]:
@@ -64,6 +75,8 @@ class ToolCallStream:
                 if start >= 0:
                     pieces += self._text(self._take(start))
                     self._in_call = True
+                    self._closings = _Closings()
+                    self._may_be_complete = self._closings.feed(self._buffer)
                     continue
                 keep = 0 if final else self._syntax.partial_opener(self._buffer, at_start=at_start)
                 pieces += self._text(self._take(len(self._buffer) - keep))
@@ -72,11 +85,14 @@ class ToolCallStream:
 
     def _advance_call(self, pieces: list[StreamPiece], *, final: bool) -> bool:
         """Scan the open call block; False when it needs more text."""
+        if not (final or self._may_be_complete or len(self._buffer) < self.SHORT_BLOCK):
+            return False
         scan = self._syntax.scan(self._buffer, self._names, final=final)
         if scan.status == "more":
+            self._may_be_complete = False
             return False
         if scan.status == "fail":
-            self._text_only = True
+            self._text_only, self._in_call = True, False
             return True
         self._take(scan.end)
         self._in_call = False
@@ -102,3 +118,37 @@ class ToolCallStream:
         self._held_space = text[len(text.rstrip()) :]
         self._sent_text = True
         return [TextPiece(lead + body)]
+
+
+class _Closings:
+    """Watches an open call block's text for the points where it may have become complete: a closing
+    character (`}`, `]`, `>`, `)`) outside JSON strings with no bracket left open. Every syntax's block
+    ends at one (a JSON object or list, a closing tag, a `)`), and scan answers depend only on the text
+    read so far, so scanning only at these points (and at the end) gives the same answers."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, text: str) -> bool:
+        """Whether `text`, appended to the block, holds such a point."""
+        found = False
+        for char in text:
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                found = found or self._depth <= 0
+            elif char in ">)":
+                found = found or self._depth <= 0
+        return found
