@@ -65,7 +65,7 @@ class Service:
             self.refused(ctx, exc, parsed.model)
             raise
         if self.settings.log_prompts:
-            ctx.prompt = parsed.model_dump(mode="json", include={"messages", "prompt", "input"})
+            ctx.prompt = _prompt_for_log(parsed)
         try:
             ctx.principal.check_model(deployment.name, deployment.aliases)
             self._check_capabilities(ctx.kind, parsed, deployment)
@@ -187,6 +187,14 @@ def _normalize(kind: RequestKind, data: dict[str, Any]) -> dict[str, Any]:
     except ValueError as exc:
         raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}") from None
     return data
+
+
+def _prompt_for_log(parsed: InferenceRequest) -> Any:
+    if isinstance(parsed, ChatCompletionRequest):
+        return [{"role": m.role, "content": m.text()} for m in parsed.messages]
+    if isinstance(parsed, CompletionRequest):
+        return parsed.prompt
+    return parsed.input
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -194,14 +194,14 @@ async def test_max_concurrent_per_key_is_429_while_its_stream_runs(keyed: Keyed)
             assert again.status == 200 and again.done, again.body[:300]
 
 
-def test_max_tokens_over_the_cap_is_400_naming_max_tokens(keyed: Keyed) -> None:
+def test_max_tokens_over_the_cap_is_400_naming_the_field_sent(keyed: Keyed) -> None:
     url = keyed.gateway.base_url + "/chat/completions"
     for field in ("max_tokens", "max_completion_tokens"):
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], field: MAX_TOKENS_CAP + 1}
         for stream_it in (False, True):
             response = httpx.post(url, json={**body, "stream": stream_it}, headers=keyed.auth("full"), timeout=10)
             error = assert_error(response, 400, "invalid_request_error", "invalid_request_error")
-            assert error["param"] == "max_tokens"
+            assert error["param"] == field
             assert str(MAX_TOKENS_CAP) in error["message"]
             assert response.headers["x-should-retry"] == "false"
     at_cap = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS_CAP}

@@ -148,7 +148,7 @@ def test_unknown_model_is_not_found_when_streaming(gateway: Gateway) -> None:
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
         ({"messages": HELLO, "n": 2}, "n"),
         ({"messages": HELLO, "logprobs": True}, "logprobs"),
-        ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"messages": HELLO, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ],
 )
 def test_bad_requests_raise_bad_request_error_naming_the_parameter(gateway: Gateway, kwargs: dict, param: str) -> None:

@@ -251,7 +251,7 @@ async def test_stop_string_is_not_returned(client: httpx.AsyncClient) -> None:
     assert body["choices"][0]["finish_reason"] == "stop"
 
     async with client.stream(
-        "POST", "/v1/completions", json={**prompt, "max_tokens": 24, "stop": stop, "stream": True}
+        "POST", "/v1/completions", json={**prompt, "max_tokens": 24, "stop": [stop], "stream": True}
     ) as response:
         events = await stream_events(response)
     pieces = [e["choices"][0]["text"] for e in events[:-1]]
