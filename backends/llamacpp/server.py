@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -18,11 +17,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from pydantic import ValidationError
+
 from backends.llamacpp.native import ContextOptions, Model
+from backends.llamacpp.output import ChatOutput
+from backends.llamacpp.prompts import Prepared, PromptBuilder
 from backends.llamacpp.scheduler import QueueFullError, Scheduler, SchedulerClosedError
-from backends.llamacpp.text import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from backends.llamacpp.text import ChatTemplateError
 from backends.llamacpp.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket
-from backends.llamacpp.wire import SSE_DONE, Kind, ParsedRequest, Renderer, WireError, new_id, parse_request, sse
+from backends.llamacpp.wire import SSE_DONE, Kind, Renderer, WireError, new_id, sampling_params, sse
+from backends.request import EngineRequest
 
 log = logging.getLogger("voltgate.worker")
 
@@ -40,16 +44,11 @@ class WorkerSpec:
 
 
 class _Engine:
-    """The loaded model with its chat template and scheduler."""
+    """The loaded model with its prompt builder (chat template, tool format) and scheduler."""
 
     def __init__(self, spec: WorkerSpec, on_fatal: Callable[[str], None]) -> None:
         self.model = Model(spec.model_path, spec.context)
-        self._bos_text = self.model.special_text(self.model.bos_id)
-        self.template = ChatTemplate(
-            self.model.chat_template() or CHATML_TEMPLATE,
-            bos_token=self._bos_text,
-            eos_token=self.model.special_text(self.model.eos_id),
-        )
+        self.prompts = PromptBuilder(self.model)
         self.scheduler = Scheduler(
             self.model,
             slots=spec.context.n_seq_max,
@@ -61,20 +60,6 @@ class _Engine:
             on_fatal=on_fatal,
         )
         self.scheduler.start()
-
-    def encode(self, parsed: ParsedRequest) -> list[int]:
-        """Prompt tokens for a request (blocking: run it off the event loop)."""
-        if parsed.messages is not None:
-            text = self.template.render(parsed.messages)
-            # Templates that write the BOS token themselves must not get a second one.
-            add_bos = self.model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        else:
-            text = parsed.prompt or ""
-            add_bos = self.model.add_bos
-        tokens = self.model.tokenize(text, add_special=add_bos)
-        if not tokens and self.model.bos_id >= 0:
-            tokens = [self.model.bos_id]
-        return tokens
 
     def close(self) -> None:
         self.scheduler.stop()
@@ -189,18 +174,29 @@ class _EventStream(StreamingResponse):
                 await watcher
 
 
-async def _stream(ticket: Ticket, render: Renderer) -> AsyncIterator[bytes]:
-    if render.kind == "chat":
-        yield sse(render.chunk(None))
+async def _stream(ticket: Ticket, render: Renderer, output: ChatOutput, include_usage: bool) -> AsyncIterator[bytes]:
+    chat = render.kind == "chat"
+    if chat:
+        yield sse(render.chunk({"role": "assistant", "content": ""}))
     while True:
         event = await ticket.next_event()
         if isinstance(event, TextDelta):
-            yield sse(render.chunk(event.text))
+            if not chat:
+                yield sse(render.text_chunk(event.text))
+                continue
+            for delta in output.push(event.text):
+                yield sse(render.chunk(delta))
         elif isinstance(event, Finished):
             if event.reason == "cancelled":
                 return
-            yield sse(render.chunk("", event.reason))
-            if render.include_usage:
+            if chat:
+                for delta in output.finish():
+                    yield sse(render.chunk(delta))
+                reason = "tool_calls" if output.calls and event.reason == "stop" else event.reason
+                yield sse(render.chunk({}, reason))
+            else:
+                yield sse(render.text_chunk("", event.reason))
+            if include_usage:
                 yield sse(render.usage_chunk(event.usage))
             yield SSE_DONE
             return
@@ -210,7 +206,7 @@ async def _stream(ticket: Ticket, render: Renderer) -> AsyncIterator[bytes]:
             return
 
 
-async def _collect(ticket: Ticket, render: Renderer, receive: Receive) -> Response:
+async def _collect(ticket: Ticket, render: Renderer, output: ChatOutput, receive: Receive) -> Response:
     watcher = asyncio.create_task(_wait_for_disconnect(receive, ticket.cancel))
     parts: list[str] = []
     try:
@@ -223,12 +219,28 @@ async def _collect(ticket: Ticket, render: Renderer, receive: Receive) -> Respon
             elif event.reason == "cancelled":
                 return Response(status_code=499)
             else:
-                return JSONResponse(render.completion("".join(parts), event.reason, event.usage))
+                content, calls = output.complete("".join(parts))
+                reason = "tool_calls" if calls and event.reason == "stop" else event.reason
+                return JSONResponse(render.completion(content, reason, event.usage, calls))
     finally:
         ticket.cancel()  # a no-op once finished; stops the request if this task was cancelled
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def _validate(raw: bytes, kind: Kind) -> EngineRequest:
+    """The body as the one engine request type the gateway built it with."""
+    try:
+        request = EngineRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise WireError(400, f"{param}: {first['msg']}" if param else str(first["msg"]), param=param) from exc
+    if request.is_chat != (kind == "chat"):
+        expected = "messages" if kind == "chat" else "prompt"
+        raise WireError(400, f"this endpoint takes '{expected}'", param=expected)
+    return request
 
 
 @dataclass(frozen=True)
@@ -237,6 +249,33 @@ class WorkerApp:
 
     asgi: Starlette
     begin_shutdown: Callable[[], None]
+
+
+def _check_length(prepared: Prepared, limit: int, kind: Kind) -> None:
+    if len(prepared.tokens) >= limit:
+        raise WireError(
+            400,
+            f"this model's context is {limit} tokens per request, but the prompt has {len(prepared.tokens)}",
+            param="messages" if kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+
+
+def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared) -> Ticket:
+    kind: Kind = "chat" if request.is_chat else "completion"
+    generation = GenerationRequest(
+        request_id=new_id(kind),
+        prompt=tuple(prepared.tokens),
+        sampling=sampling_params(request, prepared.grammar),
+        max_tokens=request.max_tokens,
+        stop=request.stop,
+    )
+    try:
+        return engine.scheduler.submit(generation, asyncio.get_running_loop())
+    except QueueFullError as exc:
+        raise WireError(429, str(exc), type="rate_limit_error", code="queue_full") from exc
+    except SchedulerClosedError as exc:
+        raise WireError(503, str(exc), type="server_error", code="worker_unavailable") from exc
 
 
 def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
@@ -282,43 +321,20 @@ def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
         if engine is None:
             return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
         try:
-            raw = await request.body()
+            engine_request = _validate(await request.body(), kind)
             try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise WireError(400, f"invalid JSON body: {exc}") from exc
-            parsed = parse_request(kind, body)
-            try:
-                prompt = await asyncio.to_thread(engine.encode, parsed)
+                prepared = await asyncio.to_thread(engine.prompts.prepare, engine_request)
             except ChatTemplateError as exc:
                 raise WireError(400, str(exc), param="messages") from exc
-            limit = spec.context.n_ctx_per_seq
-            if len(prompt) >= limit:
-                raise WireError(
-                    400,
-                    f"this model's context is {limit} tokens per request, but the prompt has {len(prompt)}",
-                    param="messages" if kind == "chat" else "prompt",
-                    code="context_length_exceeded",
-                )
-            render = Renderer(kind, new_id(kind), int(time.time()), spec.model_name, parsed.include_usage)
-            generation = GenerationRequest(
-                request_id=render.id,
-                prompt=tuple(prompt),
-                sampling=parsed.sampling,
-                max_tokens=parsed.max_tokens,
-                stop=parsed.stop,
-            )
-            try:
-                ticket = engine.scheduler.submit(generation, asyncio.get_running_loop())
-            except QueueFullError as exc:
-                raise WireError(429, str(exc), type="rate_limit_error", code="queue_full") from exc
-            except SchedulerClosedError as exc:
-                raise WireError(503, str(exc), type="server_error", code="worker_unavailable") from exc
+            _check_length(prepared, spec.context.n_ctx_per_seq, kind)
+            ticket = _submit(engine, engine_request, prepared)
         except WireError as exc:
             return _error(exc)
-        if parsed.stream:
-            return _EventStream(_stream(ticket, render), ticket.cancel)
-        return await _collect(ticket, render, request.receive)
+        render = Renderer(kind, ticket.request.request_id, int(time.time()), spec.model_name)
+        output = ChatOutput(prepared.tool_format, prepared.tool_names)
+        if engine_request.stream:
+            return _EventStream(_stream(ticket, render, output, engine_request.include_usage), ticket.cancel)
+        return await _collect(ticket, render, output, request.receive)
 
     def endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:

@@ -1,0 +1,65 @@
+"""From an engine request to prompt tokens and a grammar: the GGUF's chat template, tools, JSON output.
+
+The model's tool format is chosen once, from its chat template (`tools.select_format`): a template that
+renders tools itself gets them (and the history's tool calls) in its own way, and its native call syntax
+is parsed back; any other template gets a system-prompt section describing the tools and a generic
+`<tool_call>` syntax. `tool_choice` "required" or a named tool is enforced with a grammar that only
+admits well-formed calls whose arguments follow the tool's schema; "none" renders no tools at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.llamacpp.native import Model
+from backends.llamacpp.text import CHATML_TEMPLATE, ChatTemplate
+from backends.llamacpp.tools import ToolFormat, select_format
+from backends.llamacpp.wire import format_grammar
+from backends.request import EngineRequest, NamedToolChoice
+
+
+@dataclass(frozen=True)
+class Prepared:
+    tokens: list[int]
+    grammar: str | None = None
+    tool_format: ToolFormat | None = None
+    tool_names: tuple[str, ...] = ()
+
+
+class PromptBuilder:
+    """Thread-safe (read-only after construction): `prepare` runs off the event loop."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        source = model.chat_template() or CHATML_TEMPLATE
+        self._bos_text = model.special_text(model.bos_id)
+        self.template = ChatTemplate(source, bos_token=self._bos_text, eos_token=model.special_text(model.eos_id))
+        self.tool_format = select_format(source)
+
+    def prepare(self, request: EngineRequest) -> Prepared:
+        """Prompt tokens and grammar for `request` (blocking: tokenization is native code)."""
+        if request.messages is None:
+            return Prepared(self._tokens(request.prompt or "", self._model.add_bos))
+        tools = request.active_tools
+        fmt = self.tool_format
+        messages = fmt.prepare_messages(request.messages, tools)
+        text = self.template.render(
+            messages,
+            tools=fmt.tools_for_template(tools) if tools and fmt.native else None,
+            add_generation_prompt=not request.continue_final_message,
+            continue_final=request.continue_final_message,
+        )
+        # Templates that write the BOS token themselves must not get a second one.
+        add_bos = self._model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
+        tokens = self._tokens(text, add_bos)
+        if not tools:
+            return Prepared(tokens, format_grammar(request))
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+        grammar = fmt.grammar(tools, parallel=request.parallel_tool_calls is not False) if forced else None
+        return Prepared(tokens, grammar, fmt, tuple(t.function.name for t in tools))
+
+    def _tokens(self, text: str, add_bos: bool) -> list[int]:
+        tokens = self._model.tokenize(text, add_special=add_bos)
+        if not tokens and self._model.bos_id >= 0:
+            tokens = [self._model.bos_id]
+        return tokens
