@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
-
-from pydantic import ValidationError
 
 from backends.llamacpp.native import ContextOptions, Model
 from backends.llamacpp.output import ChatOutput
