@@ -58,6 +58,26 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._system_role: bool | None = None
+
+    @property
+    def supports_system_role(self) -> bool:
+        """Whether the template renders a system message (Gemma 2's, for one, raises on it instead).
+
+        Found by rendering a probe conversation once, as llama.cpp's minja does to learn a template's
+        capabilities.
+        """
+        if self._system_role is None:
+            probe = "<system-probe>"
+            try:
+                text = self.render(
+                    [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}],
+                    add_generation_prompt=False,
+                )
+            except ChatTemplateError:
+                text = ""
+            self._system_role = probe in text
+        return self._system_role
 
     def render(
         self,

@@ -54,6 +54,7 @@ FORMAT_OF_FIXTURE = {
     "mistral_nemo": MISTRAL,
     "mistral_small_3_2": MISTRAL_V11,
     "smollm2": GENERIC,
+    "gemma2": GENERIC,
 }
 
 
@@ -268,7 +269,7 @@ def conversation(*, parallel: bool) -> list[EngineMessage]:
 def render(family: str, messages: list[EngineMessage], tools: tuple[Tool, ...] = TOOLS) -> str:
     fmt = select_format(template_text(family))
     template = ChatTemplate(template_text(family), bos_token="<s>", eos_token="</s>")
-    prepared = fmt.prepare_messages(messages, tools)
+    prepared = fmt.prepare_messages(messages, tools, system_role=template.supports_system_role)
     return template.render(prepared, fmt.tools_for_template(tools) if fmt.native else None)
 
 
@@ -339,6 +340,21 @@ def test_generic_messages_without_a_system_message_get_one() -> None:
     assert GENERIC.prepare_messages([EngineMessage(role="user", content="hi")], []) == [
         {"role": "user", "content": "hi"}
     ]
+
+
+def test_without_a_system_role_the_system_text_and_tools_open_the_first_user_message() -> None:
+    prepared = GENERIC.prepare_messages(conversation(parallel=False), TOOLS, system_role=False)
+    assert [m["role"] for m in prepared] == ["user", "assistant", "user"]
+    assert prepared[0]["content"].startswith("You are a helpful assistant.\n\n# Tools")
+    assert prepared[0]["content"].endswith("\n\nWhat is the weather in Paris?")
+    plain = [EngineMessage(role="system", content="Be brief."), EngineMessage(role="user", content="hi")]
+    assert GENERIC.prepare_messages(plain, [], system_role=False) == [{"role": "user", "content": "Be brief.\n\nhi"}]
+
+
+@pytest.mark.parametrize("family", template_families())
+def test_templates_that_refuse_a_system_turn_are_recognised(family: str) -> None:
+    template = ChatTemplate(template_text(family), bos_token="<s>", eos_token="</s>")
+    assert template.supports_system_role == (family != "gemma2")
 
 
 def test_tools_for_template_fill_description_and_parameters() -> None:

@@ -51,6 +51,8 @@ class ToolFormat(ABC):
         self,
         messages: Sequence[EngineMessage],
         tools: Sequence[Tool],  # noqa: ARG002 (the generic format writes them into the system prompt)
+        *,
+        system_role: bool = True,  # noqa: ARG002 (likewise: `ChatTemplate.supports_system_role`)
     ) -> list[dict[str, Any]]:
         """The `messages` variable for the template: calls with parsed arguments, results with their ids."""
         return msgs.template_messages(messages)
@@ -96,9 +98,12 @@ class GenericFormat(HermesFormat):
     name = "generic"
     native = False
 
-    def prepare_messages(self, messages: Sequence[EngineMessage], tools: Sequence[Tool]) -> list[dict[str, Any]]:
-        """Only system, user and assistant turns: calls and results as text, the tools in the system prompt."""
-        return msgs.text_messages(messages, tools)
+    def prepare_messages(
+        self, messages: Sequence[EngineMessage], tools: Sequence[Tool], *, system_role: bool = True
+    ) -> list[dict[str, Any]]:
+        """Only system, user and assistant turns: calls and results as text, the tools described in the
+        system prompt, or in the first user message for a template without a system role."""
+        return msgs.text_messages(messages, tools, system_role=system_role)
 
 
 class Llama3Format(ToolFormat):
@@ -113,6 +118,8 @@ class Llama3Format(ToolFormat):
         self,
         messages: Sequence[EngineMessage],
         tools: Sequence[Tool],  # noqa: ARG002
+        *,
+        system_role: bool = True,  # noqa: ARG002
     ) -> list[dict[str, Any]]:
         """As the base, with several calls of one assistant turn split into one turn each."""
         return msgs.one_call_per_message(msgs.template_messages(messages))
@@ -136,6 +143,8 @@ class MistralFormat(ToolFormat):
         self,
         messages: Sequence[EngineMessage],
         tools: Sequence[Tool],  # noqa: ARG002
+        *,
+        system_role: bool = True,  # noqa: ARG002
     ) -> list[dict[str, Any]]:
         """As the base, with call ids mapped to the 9 alphanumerics the templates require."""
         return msgs.template_messages(messages, msgs.short_call_id)

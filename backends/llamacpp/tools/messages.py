@@ -119,13 +119,36 @@ def call_text(name: str, arguments: Any) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
-def text_messages(messages: Sequence[EngineMessage], tools: Sequence[Tool]) -> list[Message]:
+def text_messages(
+    messages: Sequence[EngineMessage], tools: Sequence[Tool], *, system_role: bool = True
+) -> list[Message]:
     """Messages for a template that knows only system, user and assistant turns.
 
     An assistant's calls become `<tool_call>` blocks after its text; consecutive tool results become one
     user turn of `<tool_response>` blocks; the tools section joins the first system message (or becomes
-    one).
+    one). Without `system_role` (the template raises on system turns) the system text and the section open
+    the first user message instead, as llama.cpp does for such templates.
     """
+    out = _text_turns(messages)
+    section = tools_section(tools) if tools else ""
+    if system_role:
+        if section and out and out[0]["role"] == "system":
+            out[0]["content"] = (out[0]["content"] + "\n\n" + section).lstrip()
+        elif section:
+            out.insert(0, {"role": "system", "content": section})
+        return out
+    system = out.pop(0)["content"] if out and out[0]["role"] == "system" else ""
+    prefix = "\n\n".join(part for part in (system, section) if part)
+    first_user = next((m for m in out if m["role"] == "user"), None)
+    if prefix and first_user is not None:
+        first_user["content"] = prefix + "\n\n" + first_user["content"]
+    elif prefix:
+        out.insert(0, {"role": "user", "content": prefix})
+    return out
+
+
+def _text_turns(messages: Sequence[EngineMessage]) -> list[Message]:
+    """Calls as `<tool_call>` text after the assistant's own; runs of tool results as one user turn."""
     out: list[Message] = []
     after_tool = False
     for m in messages:
@@ -141,10 +164,4 @@ def text_messages(messages: Sequence[EngineMessage], tools: Sequence[Tool]) -> l
         parts = [m.content] if m.content else []
         parts += [call_text(c.function.name, c.function.arguments_value()) for c in m.tool_calls or ()]
         out.append({"role": m.role, "content": "\n".join(parts)})
-    if tools:
-        section = tools_section(tools)
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = (out[0]["content"] + "\n\n" + section).lstrip()
-        else:
-            out.insert(0, {"role": "system", "content": section})
     return out
