@@ -5,18 +5,20 @@ render `tools` themselves, others get a system-prompt section in the Hermes `<to
 parser serves both); the family's call syntax is parsed out of the generated text, in one go or while
 streaming; and grammars force calls for tool_choice "required" or a named tool.
 
-Usage in the worker (tools = `request.active_tools`; none: no tool handling at all)::
+Usage in the worker, for every chat request (`tools = request.active_tools`, maybe empty: the history can
+still hold calls and results that the template must see)::
 
-    fmt = select_format(model.chat_template())                  # once per model
-    messages = fmt.prepare_messages(request.messages, tools)
-    prompt = template.render(messages, fmt.tools_for_template(tools) if fmt.native else None)
+    fmt = select_format(model.chat_template())                  # once per model, with its ChatTemplate
+    messages = fmt.prepare_messages(request.messages, tools, system_role=template.supports_system_role)
+    prompt = template.render(messages, fmt.tools_for_template(tools) if fmt.native and tools else None)
 
-    if tool_choice is "required" or named:                      # force a call
-        sampling = replace(sampling, grammar=fmt.grammar(tools, parallel=parallel))
+    parallel = request.parallel_tool_calls is not False
+    if tools and (request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)):
+        sampling = replace(sampling, grammar=fmt.grammar(tools, parallel=parallel))   # force a call
     # "auto": optionally fmt.lazy_grammar(tools, parallel) with llama_sampler_init_grammar_lazy_patterns
 
     names = [t.function.name for t in tools]
-    parsed = fmt.parse(text, names)                             # non-streaming
+    parsed = fmt.parse(text, names)                             # non-streaming (no tools: skip it)
     tool_calls = [{"id": new_call_id(), "type": "function",
                    "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.calls]
     finish_reason = "tool_calls" if parsed.calls else finish_reason
