@@ -17,7 +17,7 @@ import llama_cpp as _llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from backends.llamacpp.sampling import PENALTY_LAST_N, SamplingParams
+from backends.llamacpp.sampling import PENALTY_LAST_N, SamplingParams, logit_biases
 
 # The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
 # untyped here and keep every call in this module.
@@ -188,6 +188,17 @@ class Model:
     def seq_pos_max(self, seq_id: int) -> int:
         return int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
 
+    def seq_copy(self, src: int, dst: int) -> None:
+        """Make `dst` hold exactly what `src` holds now (every position); `dst`'s own KV is dropped.
+
+        With one KV stream per sequence (non-unified KV), llama.cpp can only copy a whole stream (a partial
+        range aborts the process), and it does so at the start of the next `decode`, before that decode
+        writes anything: so `src` may take part in that decode, and a later `seq_remove` on `dst` applies
+        to the copy. With unified KV the cells are shared, not copied.
+        """
+        lib.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+
     # --- decoding ---------------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> None:
@@ -293,14 +304,18 @@ class Sampler:
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         self._chain = chain
         self._keep: list[Any] = []
-        if params.ignore_eos:
-            eog = sorted(model.eog_ids)
-            biases = (lib.llama_logit_bias * len(eog))()
-            for i, token in enumerate(eog):
-                biases[i].token = token
-                biases[i].bias = float("-inf")
-            self._keep.append(biases)
-            self._add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases))
+        biases = logit_biases(params, model.eog_ids)
+        if biases:
+            outside = [token for token in biases if not 0 <= token < model.n_vocab]
+            if outside:
+                self.close()
+                raise NativeError(f"logit_bias names token {outside[0]}, outside the vocabulary of {model.n_vocab}")
+            entries = (lib.llama_logit_bias * len(biases))()
+            for i, (token, bias) in enumerate(sorted(biases.items())):
+                entries[i].token = token
+                entries[i].bias = bias
+            self._keep.append(entries)
+            self._add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(biases), entries))
         if params.grammar is not None:
             grammar = lib.llama_sampler_init_grammar(model.vocab, params.grammar.encode(), b"root")
             if not grammar:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +10,9 @@ import numpy.typing as npt
 
 # llama.cpp's default repetition window (`--repeat-last-n`).
 PENALTY_LAST_N = 64
+
+# OpenAI's logit_bias range; at the bottom of it a token is banned outright.
+LOGIT_BIAS_MAX = 100.0
 
 # JSON for `response_format={"type": "json_object"}`: an object at the root, as OpenAI's JSON mode
 # promises. Unlike llama_cpp.llama_grammar.JSON_GBNF, whitespace between tokens is at most one space or
@@ -48,7 +51,8 @@ class SamplingParams:
 
     `temperature == 0` means greedy. `seed` is always concrete by the time a request reaches the engine
     (the server draws one when the client gave none), so a sequence's randomness never depends on
-    which other sequences share the batch.
+    which other sequences share the batch. `logit_bias` holds (token id, bias in [-100, 100]) pairs, added
+    to the logits before anything else in the chain (see `logit_biases`).
     """
 
     temperature: float = 1.0
@@ -61,6 +65,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     grammar: str | None = None
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -74,7 +79,21 @@ class SamplingParams:
     def plain_greedy(self) -> bool:
         """Greedy with no state (no penalties, no grammar): the next token is a pure function of the logits,
         so `greedy_token` can pick it without a llama.cpp sampler chain."""
-        return self.greedy and not self.penalized and self.grammar is None
+        return self.greedy and not self.penalized and self.grammar is None and not self.logit_bias
+
+
+def logit_biases(params: SamplingParams, eog_ids: Iterable[int] = ()) -> dict[int, float]:
+    """What the chain's logit-bias sampler adds, by token: the request's biases and `ignore_eos`'s bans.
+
+    A bias of -100 bans its token (-inf), as OpenAI documents it; +100 is added as is, which makes its
+    token the pick unless another token is also raised by about as much (logits span far less than 100).
+    A token named twice keeps its last bias. `ignore_eos` bans every end-of-generation token whatever
+    its bias.
+    """
+    biases = {token: -np.inf if bias <= -LOGIT_BIAS_MAX else bias for token, bias in params.logit_bias}
+    if params.ignore_eos:
+        biases.update(dict.fromkeys(eog_ids, -np.inf))
+    return {token: float(bias) for token, bias in biases.items() if bias != 0.0}
 
 
 def greedy_token(logits: npt.NDArray[np.float32], banned: Set[int] = frozenset()) -> int:

@@ -4,8 +4,8 @@ Concurrency contract
 --------------------
 * One engine thread owns the model, the KV cache, the slots and every sampler; nothing else calls
   llama.cpp for decoding.
-* The asyncio side talks to it through `Scheduler.submit` (atomic admission check, may raise
-  `QueueFullError`), `Ticket.cancel` and `Scheduler.stats`; all three only take a short lock.
+* The asyncio side talks to it through `Scheduler.submit`/`submit_group` (atomic admission check, may
+  raise `QueueFullError`), `Ticket.cancel` and `Scheduler.stats`; all of them only take a short lock.
 * The engine hands events (`TextDelta`, then exactly one `Finished` or `Failed`) to each request's
   asyncio queue through an `Outbox`, flushed once per step right before the next decode (see
   `tickets` for why a courier thread wakes the event loop).
@@ -18,6 +18,16 @@ batch order, into one micro-batch, and every micro-batch is a full forward pass.
 written in slot order, new requests take the lowest free slot unless a long cached prefix says otherwise,
 and with `fill_gaps` an idle slot between two busy ones gets a throwaway token (removed after the decode)
 instead of splitting the step in two: nearly free on a GPU, a whole token's compute on a CPU.
+
+Groups (`n` > 1)
+----------------
+The members of a group share one prompt. Those admitted in one round (as many as there are free slots)
+are prefilled once: the first prefills, the others wait parked, and when its last prompt token is decoded
+each gets a copy of its KV (`Model.seq_copy`: with non-unified KV, a copy of the whole stream, done by
+llama.cpp at the start of the next decode) and samples from the same logits row with its own sampler.
+A member admitted later, once the prompt is in a running member's KV, copies that KV, drops the last
+prompt token and decodes just that one again, for its logits. Without a running member it is an ordinary
+request (a free slot may still hold the prompt for prefix reuse).
 """
 
 from __future__ import annotations
@@ -28,12 +38,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
-from backends.llamacpp.native import Batch, Model, NativeError, Sampler
+from backends.llamacpp.native import Batch, Model, NativeError
 from backends.llamacpp.picking import Pick, TokenPicker
-from backends.llamacpp.text import StopMatcher, Utf8Stream
+from backends.llamacpp.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
 from backends.llamacpp.tickets import (
     Event,
     Failed,
@@ -43,8 +52,10 @@ from backends.llamacpp.tickets import (
     Outbox,
     TextDelta,
     Ticket,
+    TokenLogprob,
     Usage,
 )
+from backends.llamacpp.waiting import WaitingQueue
 
 log = logging.getLogger("voltgate.worker")
 
@@ -64,10 +75,6 @@ __all__ = [
 
 _THROUGHPUT_WINDOW_S = 10.0
 
-# A cached prefix shorter than this does not outweigh keeping busy slots contiguous (a BOS token or a
-# chat template's first few tokens are shared by nearly every prompt).
-_MIN_REUSE_TOKENS = 16
-
 
 class QueueFullError(Exception):
     """Every slot is busy and `max_queue` requests already wait for one."""
@@ -79,6 +86,10 @@ class SchedulerClosedError(Exception):
 
 @dataclass(frozen=True)
 class SchedulerStats:
+    """Counters are per sequence (a group of n counts n requests and n prompts) except
+    `prefill_tokens_total`: prompt tokens actually decoded. `cached_prompt_tokens_total` counts the prompt
+    tokens each sequence did not prefill itself (see `Usage.cached_tokens`)."""
+
     slots: int
     slots_busy: int
     queue_depth: int
@@ -88,57 +99,9 @@ class SchedulerStats:
     aborted_total: int
     prompt_tokens_total: int
     cached_prompt_tokens_total: int
+    prefill_tokens_total: int
     generation_tokens_total: int
     tokens_per_second: float
-
-
-@dataclass
-class _Slot:
-    seq_id: int
-    cached: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, by position
-    busy: bool = False
-
-
-class _Sequence:
-    """Engine-thread state of one running request."""
-
-    def __init__(self, ticket: Ticket, slot: _Slot, sampler: Sampler | None, reused: int, model: Model) -> None:
-        self.ticket = ticket
-        self.request = ticket.request
-        self.slot = slot
-        self.sampler = sampler  # None: plain greedy, picked from the logits without a sampler chain
-        self.banned = model.eog_ids if self.request.sampling.ignore_eos else frozenset()
-        self.cached_tokens = reused
-        self.started_s = time.monotonic()
-        self.pending: int | None = None  # sampled, not yet decoded
-        self.n_generated = 0
-        self.utf8 = Utf8Stream()
-        self.stops = StopMatcher(self.request.stop)
-
-    @property
-    def prefill_left(self) -> int:
-        return len(self.request.prompt) - len(self.slot.cached)
-
-
-class _Run(NamedTuple):
-    """Consecutive tokens of one slot in a step's batch; `seq` None marks a gap filler."""
-
-    slot: _Slot
-    seq: _Sequence | None
-    tokens: Sequence[int]
-    logits: bool
-
-
-def _run_order(run: _Run) -> int:
-    return run.slot.seq_id
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class Scheduler:
@@ -147,7 +110,7 @@ class Scheduler:
     Each engine step decodes one token for every generating sequence plus as many pending prompt
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
     A free slot keeps its sequence's KV; a new prompt goes to the free slot sharing the longest
-    prefix with it (if at least `_MIN_REUSE_TOKENS` long, else to the lowest free slot), and only the
+    prefix with it (if at least `slots.MIN_REUSE_TOKENS` long, else to the lowest free slot), and only the
     rest is prefilled. `fill_gaps`: see the module docstring. `sampling_threads`: see `picking`.
     """
 
@@ -171,17 +134,17 @@ class Scheduler:
         self._fill_gaps = fill_gaps
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
-        self._slots = [_Slot(seq_id=i) for i in range(slots)]
-        self._running: list[_Sequence] = []  # admission order: prefill is first come, first served
+        self._slots = [Slot(seq_id=i) for i in range(slots)]
+        self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
         self._outbox = Outbox()
         self._picker = TokenPicker(model, min(sampling_threads, slots))
         self._cond = threading.Condition()
         # guarded by _cond
-        self._waiting: deque[Ticket] = deque()
+        self._waiting = WaitingQueue()
         self._free_slots = slots
         self._closed = False
-        self._counters = {"requests": 0, "aborted": 0, "prompt": 0, "cached": 0, "generated": 0}
+        self._counters = {"requests": 0, "aborted": 0, "prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
         self._kv_used = 0
         self._kv_cached = 0
@@ -208,15 +171,32 @@ class Scheduler:
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
         """Queue a request; raises `QueueFullError` when it would wait behind `max_queue` others."""
-        ticket = Ticket(request, loop, self._wake)
+        return self.submit_group([request], loop)[0]
+
+    def submit_group(self, requests: Sequence[GenerationRequest], loop: asyncio.AbstractEventLoop) -> list[Ticket]:
+        """Queue the `n` choices of one prompt as a group, all or none; one ticket per request, in order.
+
+        Raises `QueueFullError` unless every member fits (a group larger than `slots + max_queue` never
+        does) and `ValueError` unless all share one prompt. Each member samples with its own settings
+        (give each its own seed). The members' prompt is prefilled once per admission round (see the
+        module docstring); each ticket's `Usage` reports the whole prompt, and its `cached_tokens` the
+        part that member did not prefill itself, so the group's usage is the first ticket's prompt and
+        cached tokens plus every ticket's completion tokens.
+        """
+        if not requests or any(r.prompt != requests[0].prompt for r in requests):
+            raise ValueError("a group needs at least one request, and all of them share one prompt")
+        tickets = [Ticket(request, loop, self._wake) for request in requests]
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the engine is not running")
-            if len(self._waiting) >= self._max_queue + self._free_slots:
-                raise QueueFullError(f"all {len(self._slots)} slots are busy and {self._max_queue} requests are queued")
-            self._waiting.append(ticket)
+            if len(self._waiting) + len(tickets) > self._max_queue + self._free_slots:
+                raise QueueFullError(
+                    f"{len(tickets)} more requests do not fit: {len(self._slots)} slots, "
+                    f"{len(self._slots) - self._free_slots} busy, {len(self._waiting)} of {self._max_queue} queued"
+                )
+            self._waiting.push(tickets)
             self._cond.notify()
-        return ticket
+        return tickets
 
     def stats(self) -> SchedulerStats:
         now = time.monotonic()
@@ -234,6 +214,7 @@ class Scheduler:
                 aborted_total=c["aborted"],
                 prompt_tokens_total=c["prompt"],
                 cached_prompt_tokens_total=c["cached"],
+                prefill_tokens_total=c["prefilled"],
                 generation_tokens_total=c["generated"],
                 tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
             )
@@ -242,7 +223,7 @@ class Scheduler:
         with self._cond:
             self._cond.notify()
 
-    # --- engine thread ----------------------------------------------------------------------------
+    # --- engine thread: admission -----------------------------------------------------------------
 
     def _run(self) -> None:
         try:
@@ -265,46 +246,25 @@ class Scheduler:
                     self._cond.wait()
             if self._closed:
                 return False
-            for ticket in [t for t in self._waiting if t.cancelled]:
-                self._waiting.remove(ticket)
+            for ticket in self._waiting.drop_cancelled():
                 self._counters["requests"] += 1
                 self._counters["aborted"] += 1
                 self._log_abort(ticket.request, "while queued")
                 self._outbox.put(ticket, Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
-            admitted: list[Ticket] = []
-            while self._waiting and self._free_slots > 0:
-                admitted.append(self._waiting.popleft())
-                self._free_slots -= 1
-        for ticket in admitted:
-            self._admit(ticket)
+            admitted = self._waiting.take(self._free_slots)
+            self._free_slots -= len(admitted)
+        for key, ticket in admitted:
+            self._admit(ticket, key)
         for seq in [s for s in self._running if s.ticket.cancelled]:
             self._log_abort(seq.request, f"after {seq.n_generated} tokens")
             self._release(seq, Finished("cancelled", self._usage(seq)), aborted=True)
         return True
 
-    def _pick_slot(self, prompt: Sequence[int]) -> _Slot:
-        best: _Slot | None = None
-        best_reuse = -1
-        for slot in self._slots:  # ascending ids: on equal reuse the lowest free slot wins
-            if slot.busy:
-                continue
-            reuse = common_prefix_len(slot.cached, prompt)
-            if reuse < _MIN_REUSE_TOKENS:
-                reuse = 0
-            if reuse > best_reuse:
-                best, best_reuse = slot, reuse
-        assert best is not None, "admitted without a free slot"
-        return best
-
-    def _admit(self, ticket: Ticket) -> None:
+    def _admit(self, ticket: Ticket, group: int) -> None:
         prompt = ticket.request.prompt
-        slot = self._pick_slot(prompt)
+        slot = pick_slot(self._slots, prompt)
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
-        reuse = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
-        if reuse < len(slot.cached) and not self._model.seq_remove(slot.seq_id, reuse):
-            self._model.seq_clear(slot.seq_id)
-            reuse = 0
-        del slot.cached[reuse:]
+        reuse = self._trim(slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1))
         slot.busy = True
         sampling = ticket.request.sampling
         try:
@@ -315,14 +275,38 @@ class Scheduler:
                 self._free_slots += 1
             self._outbox.put(ticket, Failed(str(exc)))
             return
-        self._running.append(_Sequence(ticket, slot, sampler, reuse, self._model))
+        seq = SeqState(ticket, slot, sampler, self._model, group=group, cached_tokens=reuse)
+        mate = self._mate(group)
+        if mate is not None and mate.prefilling:  # prefilled once: wait for the leader's KV and logits
+            seq.leader = mate
+            mate.followers.append(seq)
+        elif mate is not None:  # the prompt is in a mate's KV: copy it, decode only the last prompt token
+            self._model.seq_copy(mate.slot.seq_id, slot.seq_id)
+            slot.cached[:] = mate.slot.cached
+            seq.cached_tokens = self._trim(slot, len(prompt) - 1)
+        self._running.append(seq)
         self._update_kv_stats()
 
-    def _plan(self) -> list[_Run]:
+    def _trim(self, slot: Slot, keep: int) -> int:
+        """Cut a slot's KV to its first `keep` positions (all of it if llama.cpp cannot); what is kept."""
+        if keep < len(slot.cached) and not self._model.seq_remove(slot.seq_id, keep):
+            self._model.seq_clear(slot.seq_id)
+            keep = 0
+        del slot.cached[keep:]
+        return keep
+
+    def _mate(self, group: int) -> SeqState | None:
+        """A running member of `group` that is not parked: one still prefilling if any."""
+        mates = [s for s in self._running if s.group == group and s.leader is None]
+        return next((s for s in mates if s.prefilling), mates[0] if mates else None)
+
+    # --- engine thread: steps ---------------------------------------------------------------------
+
+    def _plan(self) -> list[Run]:
         """This step's batch, in slot order: every pending token, then prompt chunks first come first
         served, then (with `fill_gaps`) a filler for each idle slot between two that take part."""
         capacity = self._batch.capacity
-        runs = [_Run(s.slot, s, (s.pending,), True) for s in self._running if s.pending is not None]
+        runs = [Run(s.slot, s, (s.pending,), True) for s in self._running if s.pending is not None]
         used = len(runs)
         # Leave room for fillers, but never starve prefill completely.
         reserve = max(0, min(len(self._slots) - 1, capacity - used - 1)) if self._fill_gaps else 0
@@ -330,35 +314,23 @@ class Scheduler:
             budget = capacity - used - reserve
             if budget <= 0:
                 break
-            if seq.pending is not None or seq.prefill_left == 0:
+            if not seq.prefilling:
                 continue
             prompt = seq.request.prompt
             start = len(seq.slot.cached)
             end = start + min(budget, len(prompt) - start)
-            runs.append(_Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
+            runs.append(Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
             used += end - start
         if self._fill_gaps and len(runs) > 1:
-            runs += self._fillers(runs, capacity - used)
-        runs.sort(key=_run_order)
+            runs += fillers(self._slots, runs, capacity - used, self._n_ctx, self._filler_token)
+        runs.sort(key=run_order)
         return runs
-
-    def _fillers(self, runs: list[_Run], room: int) -> list[_Run]:
-        present = {run.slot.seq_id for run in runs}
-        fillers: list[_Run] = []
-        for seq_id in range(min(present), max(present)):
-            slot = self._slots[seq_id]
-            if seq_id in present or len(slot.cached) >= self._n_ctx:
-                continue
-            if len(fillers) == room:
-                break
-            fillers.append(_Run(slot, None, (self._filler_token,), False))
-        return fillers
 
     def _step(self) -> None:
         batch = self._batch
         batch.clear()
         runs = self._plan()
-        outputs: list[tuple[_Sequence, int, int]] = []  # (sequence, batch index, logits row)
+        outputs: list[tuple[SeqState, int, int]] = []  # (sequence, batch index, logits row)
         for run in runs:
             index = batch.add_run(run.tokens, len(run.slot.cached), run.slot.seq_id, logits=run.logits)
             if run.seq is not None and run.logits:
@@ -370,65 +342,93 @@ class Scheduler:
         try:
             self._model.decode(batch)
         except NativeError as exc:
-            log.error("decode of %d tokens failed: %s", batch.n_tokens, exc)
-            self._drop_fillers(runs)
-            for run in runs:
-                if run.seq is not None:
-                    self._model.seq_clear(run.slot.seq_id)
-                    run.slot.cached.clear()
-                    self._release(run.seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
+            self._decode_failed(runs, exc)
             return
         self._drop_fillers(runs)
+        prefilled = 0
         for run in runs:
             if run.seq is not None:
+                prefilled += len(run.tokens) if run.seq.pending is None else 0
                 run.slot.cached.extend(run.tokens)
                 run.seq.pending = None
+        outputs += self._hand_over_prompts(outputs)
         if outputs:
-            picks = [Pick(seq.sampler, seq.banned, index, row) for seq, index, row in outputs]
-            for (seq, _, _), token in zip(outputs, self._picker.pick(picks, batch.n_outputs), strict=True):
-                self._on_token(seq, token)
+            self._pick(outputs, batch.n_outputs)
         now = time.monotonic()
         with self._cond:
             self._counters["generated"] += len(outputs)
+            self._counters["prefilled"] += prefilled
             self._recent.append((now, len(outputs)))
             self._trim_recent(now)
         self._update_kv_stats()
 
-    def _drop_fillers(self, runs: list[_Run]) -> None:
+    def _hand_over_prompts(self, outputs: list[tuple[SeqState, int, int]]) -> list[tuple[SeqState, int, int]]:
+        """Leaders whose prompt was just decoded give their parked followers its KV and logits row."""
+        handed: list[tuple[SeqState, int, int]] = []
+        for leader, index, row in outputs:
+            for follower in leader.followers:
+                self._model.seq_copy(leader.slot.seq_id, follower.slot.seq_id)
+                follower.slot.cached[:] = leader.slot.cached
+                follower.cached_tokens = len(follower.request.prompt)
+                follower.leader = None
+                handed.append((follower, index, row))
+            leader.followers.clear()
+        return handed
+
+    def _pick(self, outputs: list[tuple[SeqState, int, int]], n_outputs: int) -> None:
+        picks = [
+            Pick(seq.sampler, seq.banned, index, row, seq.request.logprobs, seq.request.sampling.temperature)
+            for seq, index, row in outputs
+        ]
+        for (seq, _, _), (token, entry) in zip(outputs, self._picker.pick(picks, n_outputs), strict=True):
+            self._on_token(seq, token, entry)
+
+    def _decode_failed(self, runs: list[Run], exc: NativeError) -> None:
+        log.error("decode of %d tokens failed: %s", self._batch.n_tokens, exc)
+        self._drop_fillers(runs)
+        for run in runs:
+            if run.seq is not None:
+                self._model.seq_clear(run.slot.seq_id)
+                run.slot.cached.clear()
+                self._release(run.seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
+
+    def _drop_fillers(self, runs: list[Run]) -> None:
         for run in runs:
             if run.seq is None and not self._model.seq_remove(run.slot.seq_id, len(run.slot.cached)):
                 self._model.seq_clear(run.slot.seq_id)
                 run.slot.cached.clear()
 
-    def _on_token(self, seq: _Sequence, token: int) -> None:
+    def _on_token(self, seq: SeqState, token: int, entry: TokenLogprob | None) -> None:
         seq.n_generated += 1
         request = seq.request
         if self._model.is_eog(token) and not request.sampling.ignore_eos:
             self._finish(seq, "stop")
             return
-        result = seq.stops.push(seq.utf8.push(self._model.piece(token)))
-        if result.text:
-            self._outbox.put(seq.ticket, TextDelta(result.text))
+        emitted = seq.push(self._model.piece(token), entry)
+        delta = emitted.delta()
+        if delta is not None:
+            self._outbox.put(seq.ticket, delta)
         out_of_tokens = request.max_tokens is not None and seq.n_generated >= request.max_tokens
         out_of_context = len(request.prompt) + seq.n_generated >= self._n_ctx
-        if result.stopped:
+        if emitted.stopped:
             self._release(seq, Finished("stop", self._usage(seq)), aborted=False)
         elif out_of_tokens or out_of_context:
             self._finish(seq, "length")
         else:
             seq.pending = token
 
-    def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: SeqState, reason: FinishReason) -> None:
         """End on EOS or a limit: release held-back text (which may still complete a stop string)."""
-        result = seq.stops.push(seq.utf8.flush())
-        text = result.text if result.stopped else result.text + seq.stops.flush()
-        if text:
-            self._outbox.put(seq.ticket, TextDelta(text))
-        self._release(seq, Finished("stop" if result.stopped else reason, self._usage(seq)), aborted=False)
+        emitted = seq.flush()
+        delta = emitted.delta()
+        if delta is not None:
+            self._outbox.put(seq.ticket, delta)
+        self._release(seq, Finished("stop" if emitted.stopped else reason, self._usage(seq)), aborted=False)
 
-    def _release(self, seq: _Sequence, event: Finished | Failed, *, aborted: bool) -> None:
+    def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
         self._running.remove(seq)
+        self._unlink(seq)
         if seq.sampler is not None:
             seq.sampler.close()
         seq.slot.busy = False
@@ -454,7 +454,20 @@ class Scheduler:
             log.error("request %s failed: %s", seq.request.request_id, event.message)
         self._outbox.put(seq.ticket, event)
 
-    def _usage(self, seq: _Sequence) -> Usage:
+    @staticmethod
+    def _unlink(seq: SeqState) -> None:
+        """A leaving parked follower leaves its leader; a leaving leader hands its followers to the first."""
+        if seq.leader is not None:
+            seq.leader.followers.remove(seq)
+            seq.leader = None
+        if seq.followers:
+            heir, *rest = seq.followers
+            heir.leader, heir.followers = None, rest
+            for follower in rest:
+                follower.leader = heir
+            seq.followers = []
+
+    def _usage(self, seq: SeqState) -> Usage:
         return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)
 
     def _log_abort(self, request: GenerationRequest, when: str) -> None:
@@ -473,8 +486,7 @@ class Scheduler:
     def _shutdown(self, message: str, *, retryable: bool) -> None:
         with self._cond:
             self._closed = True
-            waiting = list(self._waiting)
-            self._waiting.clear()
+            waiting = self._waiting.drain()
         for ticket in waiting:
             self._outbox.put(ticket, Failed(message, retryable))
         for seq in list(self._running):

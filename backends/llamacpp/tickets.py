@@ -27,27 +27,75 @@ from backends.llamacpp.sampling import SamplingParams
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
+MAX_TOP_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One tokenized request, ready for a slot."""
+    """One tokenized request, ready for a slot.
+
+    `logprobs`: None for none; k in 0..`MAX_TOP_LOGPROBS` for each generated token's log-probability and
+    its k most likely alternatives (see `backends.llamacpp.logprobs` for what they are computed from).
+    """
 
     request_id: str
     prompt: tuple[int, ...]
     sampling: SamplingParams
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, not {self.logprobs}")
 
 
 @dataclass(frozen=True)
 class Usage:
+    """One sequence's token counts. `cached_tokens`: prompt tokens it did not prefill itself (KV reused from
+    an earlier request's prefix, or copied from its group's leader: see `Scheduler.submit_group`)."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a position: `token` is its text (UTF-8, invalid bytes as U+FFFD),
+    `bytes` its raw bytes (a multi-byte character may be split between tokens)."""
+
+    token_id: int
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and, most likely first, the `top` alternatives it was asked for
+    (they include the token itself when it is among them)."""
+
+    token_id: int
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
+    """Text released to the client, with the log-probabilities of the tokens that produced it.
+
+    Text can be held back (a possible stop string, an incomplete UTF-8 character), so a token's entry rides
+    with the delta that releases the end of its text: a delta may carry entries of tokens generated steps
+    ago, and the last delta of a sequence may have empty `text` when it only carries entries (tokens that
+    produced no text of their own). Tokens whose text vanished into a matched stop string have no entry;
+    neither does an end-of-generation token.
+    """
+
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
