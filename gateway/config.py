@@ -135,6 +135,10 @@ class ModelSpec(_Spec):
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
     gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")
     tp: int | None = Field(default=None, ge=1, le=8)
+    objective: Literal["throughput", "latency"] = Field(
+        default="throughput",
+        description="what the planner's speed prediction optimises: tokens/s in total for many users, or one user's",
+    )
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
 

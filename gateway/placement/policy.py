@@ -1,44 +1,46 @@
 """The placement policy: each model climbs DESIGN.md's ladder; models pack onto the GPUs largest first.
 
-Pass 1 gives every model, largest first, the rungs that put it wholly on GPUs: TurboMind FP16 on one GPU
-(KV int8 as a rescue), TurboMind FP16 with tp 2/4/8, TurboMind W4A16, llama.cpp with every layer on GPUs
-at the highest-bit GGUF that fits; first at the configured context, then, where `min_context` allows, at
-the longest shorter session that fits. Pass 2 gives what is left to the models still unplaced: llama.cpp
-partial offload, then the CPU. Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
-into more KV cache. A model that fits nowhere is refused with the closest rung's shortfall in GiB.
+Pass 1 gives every model, largest first, a placement wholly on GPUs: the tiered ladder of
+`gateway.placement.ladder` (the targets with full-precision KV, then quantized KV, then fewer sessions, then
+a shorter session where `min_context` allows), choosing within a tier by predicted speed for the model's
+`objective`. Pass 2 gives what is left to the models still unplaced: llama.cpp partial offload (its predicted
+slowness in the plan), then the CPU. Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
+into more KV cache. A model that fits nowhere is refused with the closest rung's shortfall and what would make
+it fit (`gateway.placement.hints`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import Config, GGUFSource, HFSource, ModelSpec
 from gateway.placement.estimate import MARGIN_BYTES
+from gateway.placement.hints import refusal_hints
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
-from gateway.placement.inventory import Inventory
-from gateway.placement.report import ModelDecision, PlacementReport, Rejection
+from gateway.placement.inventory import GPU, Inventory
+from gateway.placement.ladder import Option, RuledOut, climb, llamacpp_options, predict_placed, turbomind_options
+from gateway.placement.performance import Prediction
+from gateway.placement.report import Alternative, ModelDecision, PlacementReport, Rejection
 from gateway.placement.rungs import (
     LC_CPU,
     LC_GPU,
     LC_PARTIAL,
     TM_FP16,
-    TM_TP,
     TM_W4A16,
     Miss,
     ModelWork,
     Placed,
     try_llamacpp_cpu,
-    try_llamacpp_gpu,
     try_llamacpp_partial,
-    try_turbomind,
 )
 
-SESSION_STEP = 256
-"""Shortened sessions are multiples of this (or min_context itself)."""
+SIMULATED_HOST_THREADS = 8
+"""llama.cpp threads a simulated layout's host is taken to give the CPU layers (a 16-core host; the worker
+uses half the logical cores)."""
 
 Attempt = Callable[[int], "Placed | Miss | list[Miss]"]
 
@@ -54,6 +56,9 @@ class _Entry:
     no_turbomind: bool = False
     no_llamacpp: bool = False
     gpu_note: str | None = None
+    notes: list[str] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+    prediction: Prediction | None = None
 
     @property
     def size(self) -> int:
@@ -81,7 +86,9 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     _grow_kv(start_order, ledger)
     for entry in order:
         if entry.placed is None:
-            entry.refusal = _refusal(entry)
+            entry.refusal = _refusal(entry, ledger)
+        elif entry.work is not None:
+            entry.prediction = predict_placed(entry.work, entry.placed)
     local = {e.spec.name: _decision(e) for e in entries}
     remote = {spec.name: _remote_decision(spec) for spec in config.models if spec.remote is not None}
     return PlacementReport(
@@ -162,20 +169,30 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
         entry.refusal = _nothing_left(spec, infos)
         return entry
 
-    gpus = {g.index: g for g in inventory.gpus}
-    if spec.gpus is not None:
-        missing = [i for i in spec.gpus if i not in gpus]
-        if missing:
-            entry.refusal = f"gpus: {list(spec.gpus)} in the config, but GPU {missing} is not in the inventory " + (
-                f"(it has {', '.join(map(str, gpus))})" if gpus else "(it has no GPUs)"
-            )
-            return entry
-        gpus = {i: gpus[i] for i in spec.gpus}
-        if spec.tp is not None and spec.tp != len(spec.gpus):
-            entry.refusal = f"tp: {spec.tp} but gpus: {list(spec.gpus)} lists {len(spec.gpus)} GPU(s)"
-            return entry
-    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes)
+    gpus = _configured_gpus(entry, inventory)
+    if gpus is None:
+        return entry
+    threads = SIMULATED_HOST_THREADS if inventory.source == "simulated" else max(1, (os.cpu_count() or 2) // 2)
+    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads)
     return entry
+
+
+def _configured_gpus(entry: _Entry, inventory: Inventory) -> dict[int, GPU] | None:
+    """The GPUs the model may use (the `gpus:` override, checked), or None with the refusal recorded."""
+    spec = entry.spec
+    gpus = {g.index: g for g in inventory.gpus}
+    if spec.gpus is None:
+        return gpus
+    missing = [i for i in spec.gpus if i not in gpus]
+    if missing:
+        entry.refusal = f"gpus: {list(spec.gpus)} in the config, but GPU {missing} is not in the inventory " + (
+            f"(it has {', '.join(map(str, gpus))})" if gpus else "(it has no GPUs)"
+        )
+        return None
+    if spec.tp is not None and spec.tp != len(spec.gpus):
+        entry.refusal = f"tp: {spec.tp} but gpus: {list(spec.gpus)} lists {len(spec.gpus)} GPU(s)"
+        return None
+    return {i: gpus[i] for i in spec.gpus}
 
 
 def _nothing_left(spec: ModelSpec, infos: list[SourceInfo]) -> str:
@@ -200,56 +217,59 @@ def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | No
     budgets = {i: ledger[i] for i in work.gpus}
     slots = spec.llamacpp.slots or spec.concurrency
     if not whole:
-        return _first(entry, _fallback_rungs(entry, budgets, slots), spec.context)
+        placed = _first(entry, _fallback_rungs(entry, budgets, slots), spec.context)
+        if placed is not None and placed.rung == LC_PARTIAL:
+            entry.warnings.append(_partial_warning(work, placed))
+        return placed
     if not budgets:
         why = f" ({entry.gpu_note})" if entry.gpu_note else ""
         entry.misses.append(Miss("gpu", f"no GPUs in the inventory{why}"))
         return None
-    rungs = list(_whole_rungs(entry, budgets, slots))
-    placed = _first(entry, rungs, spec.context)
-    if placed is not None or spec.min_context is None or spec.min_context >= spec.context:
-        return placed
-    sessions = sorted({spec.min_context, *range(_round_up(spec.min_context), spec.context, SESSION_STEP)})
-    for _rung, attempt in rungs:
-        shorter = _longest(attempt, sessions)
-        if isinstance(shorter, Placed):
-            entry.warnings.append(
-                f"session shortened from {spec.context} to {shorter.plan.context_tokens} tokens "
-                f"(min_context {spec.min_context}) to fit {shorter.rung}"
-            )
-            return shorter
-        for miss in shorter:
-            if miss.shortfall is not None:  # the other reasons were recorded at full context
-                entry.misses.append(Miss(f"{miss.rung} @ {spec.min_context}", miss.reason, miss.shortfall))
-    return None
+    choice = climb(work, budgets, _tiers(entry, budgets, slots))
+    entry.misses.extend(choice.misses)
+    entry.warnings.extend(w for w in choice.warnings if w not in entry.warnings)
+    entry.notes, entry.alternatives = choice.notes, choice.alternatives
+    return choice.placed
 
 
-def _whole_rungs(entry: _Entry, budgets: dict[int, int], slots: int) -> Iterator[tuple[str, Attempt]]:
-    """The pass-1 rungs in ladder order; each attempt takes the session length."""
+def _tiers(entry: _Entry, budgets: dict[int, int], slots: int) -> tuple[list[Option], list[Option]]:
+    """Tier 1 and tier 2 of the ladder, in ladder order, with what the sources and overrides rule out."""
     work = entry.work
     assert work is not None
     spec = work.spec
-    forced_layers = spec.llamacpp.n_gpu_layers
-    if not work.fp16 and not entry.no_turbomind:
-        yield TM_FP16, lambda _session: Miss(TM_FP16, "no HF float16 source")
     single = spec.tp in (None, 1) and (spec.gpus is None or len(spec.gpus) == 1)
-    for source in work.fp16:
-        if single:
-            yield TM_FP16, partial(try_turbomind, work, TM_FP16, source, budgets, 1)
-        for tp in _tps(spec, budgets):
-            yield TM_TP, partial(try_turbomind, work, TM_TP, source, budgets, tp)
-    if not work.w4a16 and not entry.no_turbomind:
-        yield TM_W4A16, lambda _session: Miss(TM_W4A16, "no AWQ/GPTQ source")
-    for source in work.w4a16:
-        for tp in ([1] if single else []) + _tps(spec, budgets):
-            yield TM_W4A16, partial(try_turbomind, work, TM_W4A16, source, budgets, tp)
+    tps = ([1] if single else []) + _tps(spec, budgets)
+    first: list[Option] = []
+    second: list[Option] = []
+    for w4a16, rung, missing in ((False, TM_FP16, "no HF float16 source"), (True, TM_W4A16, "no AWQ/GPTQ source")):
+        if not (work.w4a16 if w4a16 else work.fp16):
+            first += [] if entry.no_turbomind else [RuledOut(rung, missing)]
+            continue
+        tier1, tier2 = turbomind_options(work, budgets, tps, w4a16=w4a16)
+        first, second = first + tier1, second + tier2
+    forced = spec.llamacpp.n_gpu_layers
     if not work.ggufs:
-        if not entry.no_llamacpp:
-            yield "llamacpp", lambda _session: Miss("llamacpp", "no GGUF source")
-    elif forced_layers is not None and 0 <= forced_layers <= min(s.shape.n_layers for s in work.ggufs):
-        yield LC_GPU, lambda _session: Miss(LC_GPU, f"n_gpu_layers: {forced_layers} in the config")
+        first += [] if entry.no_llamacpp else [RuledOut("llamacpp", "no GGUF source")]
+    elif forced is not None and 0 <= forced <= min(s.shape.n_layers for s in work.ggufs):
+        first.append(RuledOut(LC_GPU, f"n_gpu_layers: {forced} in the config"))
     else:
-        yield LC_GPU, lambda s: try_llamacpp_gpu(work, budgets, s, slots)
+        tier1, tier2 = llamacpp_options(work, budgets, slots)
+        first, second = first + tier1, second + tier2
+        if not spec.llamacpp.flash_attn:
+            second.append(RuledOut(LC_GPU, "KV q8_0 needs flash attention (llamacpp.flash_attn: false in the config)"))
+    return first, second
+
+
+def _partial_warning(work: ModelWork, placed: Placed) -> str:
+    speed = predict_placed(work, placed)
+    layers = f"{placed.plan.n_gpu_layers} of {placed.source.shape.n_layers} layers"
+    total = f"{speed.decode_tok_s_1:,.1f} tok/s for one stream"
+    if speed.sessions > 1:
+        total += f", {speed.aggregate_tok_s:,.1f} tok/s in total for {speed.sessions} sessions"
+    return (
+        f"partial offload: only {layers} fit on the GPU and the rest read host memory every token, predicted "
+        f"{total}; nothing kept every layer on a GPU (see the rejections)"
+    )
 
 
 def _fallback_rungs(entry: _Entry, budgets: dict[int, int], slots: int) -> list[tuple[str, Attempt]]:
@@ -293,26 +313,6 @@ def _first(entry: _Entry, rungs: list[tuple[str, Attempt]], session: int) -> Pla
     return None
 
 
-def _longest(attempt: Attempt, sessions: list[int]) -> Placed | list[Miss]:
-    """The longest of `sessions` (ascending) that fits, or the misses at the shortest."""
-    shortest = attempt(sessions[0])
-    if not isinstance(shortest, Placed):
-        return shortest if isinstance(shortest, list) else [shortest]
-    best, lo, hi = shortest, 1, len(sessions) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        result = attempt(sessions[mid])
-        if isinstance(result, Placed):
-            best, lo = result, mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def _round_up(n: int) -> int:
-    return -(-n // SESSION_STEP) * SESSION_STEP
-
-
 def _grow_kv(started: list[_Entry], ledger: dict[int, int]) -> None:
     """Spare memory becomes KV cache for TurboMind workers alone on their GPUs (shared GPUs keep it free)."""
     users: dict[int, int] = {}
@@ -336,19 +336,20 @@ def _grow_kv(started: list[_Entry], ledger: dict[int, int]) -> None:
             entry.placed = grown
 
 
-def _refusal(entry: _Entry) -> str:
+def _refusal(entry: _Entry, ledger: dict[int, int]) -> str:
     sized = [m for m in entry.misses if m.shortfall is not None]
-    hint = ""
-    work = entry.work
-    if work is not None and not work.ggufs and not entry.no_llamacpp:
-        hint = "; a GGUF source would let llama.cpp offload part of it or run it on the CPU"
+    hints: list[str] = []
+    if entry.work is not None:
+        budgets = {i: ledger[i] for i in entry.work.gpus}
+        hints = refusal_hints(entry.work, budgets, no_llamacpp=entry.no_llamacpp)
+    would = ("; would fit with: " + "; ".join(hints)) if hints else ""
     if not sized:
-        return "no rung applies: " + "; ".join(f"{m.rung}: {m.reason}" for m in entry.misses) + hint
+        return "no rung applies: " + "; ".join(f"{m.rung}: {m.reason}" for m in entry.misses) + would
     closest = min(sized, key=lambda m: m.shortfall.gib if m.shortfall else 0.0)
     assert closest.shortfall is not None
     return (
         f"fits nowhere: short by {closest.shortfall.gib:.1f} GiB on the closest option, "
-        f"{closest.rung} ({closest.reason}){hint}"
+        f"{closest.rung} ({closest.reason}){would}"
     )
 
 
@@ -357,7 +358,11 @@ def _decision(entry: _Entry) -> ModelDecision:
     placed = entry.placed
     if placed is None:
         return ModelDecision(
-            model=entry.spec.name, rejected=rejected, warnings=entry.warnings, refusal=entry.refusal or "not placed"
+            model=entry.spec.name,
+            rejected=rejected,
+            warnings=entry.warnings,
+            refusal=entry.refusal or "not placed",
+            objective=entry.spec.objective,
         )
     return ModelDecision(
         model=entry.spec.name,
@@ -367,5 +372,8 @@ def _decision(entry: _Entry) -> ModelDecision:
         estimate=placed.estimate,
         rejected=rejected,
         warnings=[*entry.warnings, *(w for w in placed.warnings if w not in entry.warnings)],
-        notes=list(placed.notes),
+        notes=[*entry.notes, *placed.notes],
+        objective=entry.spec.objective,
+        prediction=entry.prediction,
+        alternatives=entry.alternatives,
     )

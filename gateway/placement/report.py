@@ -12,6 +12,7 @@ from rich.text import Text
 from backends.base import DeploymentPlan, EngineName
 from gateway.placement.estimate import MemoryEstimate
 from gateway.placement.inventory import GIB, Inventory
+from gateway.placement.performance import Objective, Prediction
 
 
 class Rejection(NamedTuple):
@@ -19,6 +20,17 @@ class Rejection(NamedTuple):
 
     rung: str
     reason: str
+
+
+class Alternative(BaseModel):
+    """A placement that fits but was not chosen: what it is, how fast it was predicted, and why not."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rung: str
+    option: str = Field(description="engine, precision, GPUs, context x sessions")
+    prediction: Prediction
+    why_not: str
 
 
 class ModelDecision(BaseModel):
@@ -35,6 +47,9 @@ class ModelDecision(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list, description="why the chosen plan looks the way it does")
     refusal: str | None = None
+    objective: Objective = "throughput"
+    prediction: Prediction | None = Field(default=None, description="predicted speed of the chosen plan")
+    alternatives: list[Alternative] = Field(default_factory=list, description="fits that were not chosen")
 
 
 class PlacementReport(BaseModel):
@@ -76,7 +91,12 @@ def _precision(plan: DeploymentPlan) -> str:
         weights = f"{plan.quant} w4a16" if plan.quant else plan.dtype
         kv = {0: "", 8: ", KV int8", 4: ", KV int4"}[plan.quant_policy]
         return weights + kv
-    return plan.quant or "gguf"
+    return (plan.quant or "gguf") + (", KV q8_0" if plan.kv_cache_type == "q8_0" else "")
+
+
+def describe_plan(rung: str, plan: DeploymentPlan) -> str:
+    """One line for a placement: rung, precision, where, context x sessions."""
+    return f"{rung} {_precision(plan)} on {_where(plan)}, {plan.context_tokens} x {plan.slots}"
 
 
 def _where(plan: DeploymentPlan) -> str:
@@ -96,16 +116,29 @@ def _memory(estimate: MemoryEstimate) -> Text:
     return Text("\n".join(lines))
 
 
+def _speed(prediction: Prediction | None) -> str:
+    if prediction is None:
+        return ""
+    lines = [f"1 stream: {prediction.decode_tok_s_1:,.0f}"]
+    if prediction.sessions > 1:
+        lines.append(f"{prediction.sessions} streams: {prediction.aggregate_tok_s:,.0f}")
+    if prediction.capacity_sessions > prediction.sessions:
+        lines.append(f"{prediction.capacity_sessions} streams: {prediction.capacity_tok_s:,.0f}")
+    lines.append(f"TTFT {prediction.ttft_s:.2f} s")
+    return "\n".join(lines)
+
+
 def render_plan_table(report: PlacementReport, console: Console) -> None:
     """Print the plan: one row per model (engine and precision, source, GPUs and tp, context x sequences,
-    memory by term in GiB), then each model's rejected rungs, warnings and notes."""
+    memory by term in GiB, predicted tokens/s), then each model's rejected rungs, warnings, notes, predicted
+    speed and the fits it was chosen over."""
     table = Table(title="voltgate placement", caption=_inventory_line(report.inventory), show_lines=True)
-    for column in ("model", "engine", "source", "GPUs", "ctx x seqs", "memory (GiB)"):
+    for column in ("model", "engine", "source", "GPUs", "ctx x seqs", "memory (GiB)", "tok/s (predicted)"):
         table.add_column(column, overflow="fold", no_wrap=column in ("GPUs", "ctx x seqs"))
     for d in report.decisions:
         plan = d.plan
         if plan is None:
-            table.add_row(d.model, Text("refused", style="bold red"), "", "", "", "see below")
+            table.add_row(d.model, Text("refused", style="bold red"), "", "", "", "see below", "")
             continue
         engine = "TurboMind" if plan.engine is EngineName.LMDEPLOY else "llama.cpp"
         table.add_row(
@@ -115,6 +148,7 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
             _where(plan),
             f"{plan.context_tokens} x {plan.slots}",
             _memory(d.estimate) if d.estimate else "",
+            _speed(d.prediction),
         )
     console.print(table)
     for d in report.decisions:
@@ -125,6 +159,13 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
             console.print(Text(f"  ! {warning}", style="yellow"))
         for note in d.notes:
             console.print(Text(f"  - {note}"))
+        if d.prediction is not None:
+            console.print(Text(f"  = predicted ({d.prediction.gpu}): {d.prediction.describe()}"))
+            for note in d.prediction.notes:
+                console.print(Text(f"    ({note})", style="dim"))
+        for alt in d.alternatives:
+            line = f"  ~ also fits: {alt.option}: {alt.prediction.describe()}; not chosen: {alt.why_not}"
+            console.print(Text(line, style="dim"))
         if d.refusal:
             console.print(Text(f"  refused: {d.refusal}", style="red"))
     if len(report.start_order) > 1:

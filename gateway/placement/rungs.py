@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import ModelSpec
 from gateway.placement.estimate import (
+    LLAMACPP_KV_ELEMENT_BYTES,
     MARGIN_BYTES,
     LlamaCppFit,
     MemoryEstimate,
@@ -16,6 +17,7 @@ from gateway.placement.estimate import (
     fit_llamacpp,
     fit_turbomind,
     gib,
+    turbomind_kv_target_bytes,
 )
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
@@ -60,9 +62,11 @@ class Placed:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     skipped: tuple[Miss, ...] = ()
-    """Options of this rung passed over on the way (a higher-bit GGUF that did not fit)."""
+    """Options of this rung passed over on the way (a GGUF that does not fit on its own)."""
     regrow: Callable[[dict[int, int]], Placed | None] | None = field(default=None, compare=False)
     """TurboMind only: the same placement with spare memory turned into KV cache, given the budgets."""
+    capacity: int = 1
+    """Sessions it decodes at once as planned (TurboMind's batch, llama.cpp's slots)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Miss:
     rung: str
     reason: str
     shortfall: Shortfall | None = None
+    kv_short: float | None = None
+    """TurboMind: how far the KV target exceeds the room left for KV (0.25 = 25 % more than fits)."""
 
 
 @dataclass
@@ -84,19 +90,20 @@ class ModelWork:
     ggufs: list[SourceInfo]
     gpus: dict[int, GPU]
     host_memory_bytes: int | None
+    host_threads: int = 8
 
 
 # --- TurboMind -------------------------------------------------------------------------------------------
 
 
-def turbomind_unsupported(source: SourceInfo, tp: int, spec: ModelSpec) -> str | None:
-    """Why TurboMind cannot run this source at this tp on Volta, or None."""
+def turbomind_unsupported(source: SourceInfo, tp: int, spec: ModelSpec, policy: int | None = None) -> str | None:
+    """Why TurboMind cannot run this source at this tp (and KV policy) on Volta, or None."""
     shape = source.shape
     if shape.architecture not in TURBOMIND_ARCHITECTURES:
         return f"TurboMind does not support {shape.architecture}"
     if shape.head_dim not in (64, 128):
         return f"head_dim {shape.head_dim}: TurboMind on Volta needs 64 or 128"
-    policy = spec.lmdeploy.quant_policy
+    policy = spec.lmdeploy.quant_policy if policy is None else policy
     if policy in (4, 8) and shape.head_dim != 128:
         return f"quant_policy {policy} (KV int{policy}) needs head_dim 128, this model has {shape.head_dim}"
     if tp & (tp - 1):
@@ -146,31 +153,38 @@ def turbomind_gpu_sets(work: ModelWork, budgets: dict[int, int], tp: int) -> lis
 
 
 def try_turbomind(
-    work: ModelWork, rung: str, source: SourceInfo, budgets: dict[int, int], tp: int, session: int
+    work: ModelWork,
+    rung: str,
+    source: SourceInfo,
+    budgets: dict[int, int],
+    tp: int,
+    session: int,
+    *,
+    policy: int,
+    sessions: int,
+    notes: tuple[str, ...] = (),
 ) -> Placed | Miss:
-    """TurboMind for one source at one tp and session length, with KV int8 as the rescue where allowed."""
-    spec = work.spec
-    problem = turbomind_unsupported(source, tp, spec)
+    """TurboMind for one source at one tp, session length, KV policy (0 = fp16, 8 = int8) and number of
+    full sessions in the cache: the tightest set of GPUs that fits, or the closest miss."""
+    problem = turbomind_unsupported(source, tp, work.spec, policy)
     if problem:
         return Miss(rung, problem)
     sets = turbomind_gpu_sets(work, budgets, tp)
     if not sets:
         return Miss(rung, f"needs {tp} identical GPUs with room (sm70+); the inventory has none such")
-    forced = spec.lmdeploy.quant_policy
-    policies = [forced] if forced is not None else [0, 8] if source.shape.head_dim == 128 else [0]
     closest: Shortfall | None = None
-    for policy in policies:
-        for gpus in sets:
-            fit = _fit_tm(work, source, budgets, gpus, session, policy, extra_kv=False)
-            if isinstance(fit, TurboMindFit):
-                notes = []
-                if policy == 8 and forced is None and closest is not None:
-                    notes.append(f"KV int8 (quant_policy 8): with fp16 KV it is short by {closest.gib:.2f} GiB")
-                return _tm_placed(work, rung, source, gpus, fit, notes, tp, session)
-            if policy == policies[0] and (closest is None or fit.gib < closest.gib):
-                closest = fit
+    for gpus in sets:
+        fit = _fit_tm(work, source, budgets, gpus, session, policy, sessions, extra_kv=False)
+        if isinstance(fit, TurboMindFit):
+            return _tm_placed(work, rung, source, gpus, fit, list(notes), tp, session, sessions)
+        if closest is None or fit.gib < closest.gib:
+            closest = fit
     assert closest is not None
-    return Miss(rung, f"{'tp ' + str(tp) + ': ' if tp > 1 else ''}{closest.why}", closest)
+    target = turbomind_kv_target_bytes(source.shape, session, sessions, tp, policy)
+    room = target - (closest.needed_bytes - closest.available_bytes)
+    short = target / room - 1 if room > 0 else float("inf")
+    kv = "KV int8: " if policy == 8 else "KV int4: " if policy == 4 else ""
+    return Miss(rung, f"{'tp ' + str(tp) + ': ' if tp > 1 else ''}{kv}{closest.why}", closest, short)
 
 
 def _fit_tm(
@@ -180,6 +194,7 @@ def _fit_tm(
     gpus: tuple[int, ...],
     session: int,
     policy: int,
+    sessions: int,
     *,
     extra_kv: bool,
 ) -> TurboMindFit | Shortfall:
@@ -189,7 +204,7 @@ def _fit_tm(
         gpu_indices=gpus,
         free_bytes=min(budgets[i] for i in gpus) + MARGIN_BYTES,
         session_len=session,
-        concurrency=spec.concurrency,
+        concurrency=sessions,
         quant_policy=policy,
         max_batch_size=spec.lmdeploy.max_batch_size,
         cache_ratio=spec.lmdeploy.cache_max_entry_count,
@@ -207,6 +222,7 @@ def _tm_placed(
     notes: list[str],
     tp: int,
     session: int,
+    sessions: int,
 ) -> Placed:
     spec = work.spec
     dtype, warnings = _dtype(source, [work.gpus[i] for i in gpus])
@@ -235,18 +251,21 @@ def _tm_placed(
     ]
 
     def regrow(budgets: dict[int, int]) -> Placed | None:
-        more = _fit_tm(work, source, budgets, gpus, session, fit.quant_policy, extra_kv=True)
+        more = _fit_tm(work, source, budgets, gpus, session, fit.quant_policy, sessions, extra_kv=True)
         if not isinstance(more, TurboMindFit) or more.estimate.kv_cache_bytes <= fit.estimate.kv_cache_bytes:
             return None
-        return _tm_placed(work, rung, source, gpus, more, notes[:-1], tp, session)
+        return _tm_placed(work, rung, source, gpus, more, notes[:-1], tp, session, sessions)
 
-    return Placed(rung, plan, fit.estimate, source, tuple(notes), tuple(warnings), regrow=regrow)
+    capacity = min(fit.max_batch_size, max(fit.sessions_in_cache, sessions))
+    return Placed(rung, plan, fit.estimate, source, tuple(notes), tuple(warnings), regrow=regrow, capacity=capacity)
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------------
 
 
-def _llamacpp_plan(work: ModelWork, source: SourceInfo, fit: LlamaCppFit, context: int, slots: int) -> DeploymentPlan:
+def _llamacpp_plan(
+    work: ModelWork, source: SourceInfo, fit: LlamaCppFit, context: int, slots: int, kv: str = "f16"
+) -> DeploymentPlan:
     spec = work.spec
     return DeploymentPlan(
         model=spec.name,
@@ -262,6 +281,7 @@ def _llamacpp_plan(work: ModelWork, source: SourceInfo, fit: LlamaCppFit, contex
         n_gpu_layers=fit.n_gpu_layers,
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
+        kv_cache_type="q8_0" if kv == "q8_0" else "f16",
     )
 
 
@@ -273,27 +293,29 @@ def _layers_note(source: SourceInfo, fit: LlamaCppFit) -> str:
     return f"{fit.n_gpu_layers} of {total} layers on the GPU ({where}); the rest run on the CPU"
 
 
-def try_llamacpp_gpu(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:
-    """Every layer on GPUs, the highest-bit GGUF first; one GPU (tightest fit) before two, before more
-    (or exactly the configured GPUs)."""
-    misses: list[Miss] = []
+def try_llamacpp_gpu(
+    work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int, kv: str = "f16"
+) -> Placed | Miss:
+    """Every layer of one GGUF on GPUs, KV cache `kv` (f16 or q8_0): one GPU (tightest fit) before two,
+    before more (or exactly the configured GPUs)."""
     by_room = sorted(budgets, key=lambda i: -budgets[i])
     sets: list[tuple[int, ...]] = [(i,) for i in sorted(budgets, key=lambda i: (budgets[i], i))]
     sets += [tuple(sorted(by_room[:n])) for n in range(2, len(by_room) + 1)]
     if work.spec.gpus is not None:  # the configured GPUs, all of them
         sets = [tuple(sorted(budgets))]
-    for source in work.ggufs:
-        closest: Shortfall | None = None
-        for gpus in sets:
-            fit = _fit_lc(work, source, {i: budgets[i] for i in gpus}, context, slots, source.shape.n_layers + 1)
-            if isinstance(fit, LlamaCppFit):
-                plan = _llamacpp_plan(work, source, fit, context, slots)
-                return Placed(LC_GPU, plan, fit.estimate, source, (_layers_note(source, fit),), skipped=tuple(misses))
-            if closest is None or fit.gib < closest.gib:
-                closest = fit
-        assert closest is not None
-        misses.append(Miss(LC_GPU, f"{source.quant}: {closest.why}", closest))
-    return misses
+    closest: Shortfall | None = None
+    for gpus in sets:
+        fit = _fit_lc(work, source, {i: budgets[i] for i in gpus}, context, slots, source.shape.n_layers + 1, kv)
+        if isinstance(fit, LlamaCppFit):
+            plan = _llamacpp_plan(work, source, fit, context, slots, kv)
+            notes: tuple[str, ...] = (_layers_note(source, fit),)
+            if kv == "q8_0":
+                notes = (f"KV cache q8_0 (flash attention): {gib(fit.estimate.kv_cache_bytes)}", *notes)
+            return Placed(LC_GPU, plan, fit.estimate, source, notes, capacity=slots)
+        if closest is None or fit.gib < closest.gib:
+            closest = fit
+    assert closest is not None
+    return Miss(LC_GPU, f"{source.quant}{', KV q8_0' if kv == 'q8_0' else ''}: {closest.why}", closest)
 
 
 def try_llamacpp_partial(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:
@@ -316,6 +338,7 @@ def try_llamacpp_partial(work: ModelWork, budgets: dict[int, int], context: int,
             fit.estimate,
             source,
             (_layers_note(source, fit), f"{gib(host_weights)} of weights stay in host memory"),
+            capacity=slots,
         )
         host_miss = _host_check(work, placed)
         if host_miss:
@@ -358,6 +381,7 @@ def try_llamacpp_cpu(work: ModelWork, context: int, slots: int) -> Placed | list
             fit.estimate,
             source,
             (f"{gib(fit.estimate.host_bytes)} of host memory (weights are memory-mapped)",),
+            capacity=slots,
         )
         miss = _host_check(work, placed)
         if miss is None:
@@ -377,8 +401,19 @@ def _host_check(work: ModelWork, placed: Placed) -> Miss | None:
 
 
 def _fit_lc(
-    work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int, n_offload: int
+    work: ModelWork,
+    source: SourceInfo,
+    budgets: dict[int, int],
+    context: int,
+    slots: int,
+    n_offload: int,
+    kv: str = "f16",
 ) -> LlamaCppFit | Shortfall:
     return fit_llamacpp(
-        source, budgets=budgets, n_ctx_total=context * slots, n_batch=work.spec.llamacpp.n_batch, n_offload=n_offload
+        source,
+        budgets=budgets,
+        n_ctx_total=context * slots,
+        n_batch=work.spec.llamacpp.n_batch,
+        n_offload=n_offload,
+        kv_element_bytes=LLAMACPP_KV_ELEMENT_BYTES[kv],
     )

@@ -78,7 +78,7 @@ GUIDE = [
          rejected=("turbomind-fp16-tp: tp 2: needs 16.69 GiB",)),
     Case("llama2-13b fp16 on 2xV100-16GB, 4096 tokens, nothing else allowed: refused (measured to abort)",
          "2xv100-16gb", {"sources": [hf("llama2-13b")]}, None,
-         refusal="short by 0.9 GiB on the closest option, turbomind-fp16-tp"),
+         refusal="short by 0.2 GiB on the closest option, turbomind-fp16-tp (tp 2: KV int8: needs 15.93 GiB"),
     Case("llama2-70b with only Q4_K_M on one V100-16GB: llama.cpp, 27 of 80 layers on the GPU",
          "v100-16gb", {"sources": [gguf("llama2-70b.Q4_K_M.gguf")]}, "llamacpp-partial",
          {"engine": EngineName.LLAMACPP, "n_gpu_layers": 27, "gpu_indices": (0,), "quant": "Q4_K_M"},
@@ -109,7 +109,7 @@ GUIDE = [
          "a100:80:8.0", {"sources": [hf("llama2-7b-bf16")]}, "turbomind-fp16", {"dtype": "auto"}),
     Case("llama2-70b fp16 only, on a V100-16GB: refused with the shortfall",
          "v100-16gb", {"sources": [hf("llama2-70b")]}, None,
-         refusal="fits nowhere: short by 117.9 GiB on the closest option, turbomind-fp16"),
+         refusal="fits nowhere: short by 117.3 GiB on the closest option, turbomind-fp16 (KV int8: needs 133.12"),
     Case("no GPUs: llama.cpp on the CPU",
          "none", {"sources": [hf("llama2-7b"), gguf("llama2-7b.Q4_K_M.gguf")], "concurrency": 2}, "llamacpp-cpu",
          {"n_gpu_layers": 0, "gpu_indices": (), "slots": 2, "context_tokens": 4096},
@@ -233,8 +233,11 @@ SEVEN_B = {"name": "m", "sources": [hf("llama2-7b"), gguf("llama2-7b.Q8_0.gguf")
 @pytest.mark.parametrize(
     ("gpus", "override", "expect", "rejected"),
     [
-        ("v100-32gb", {"engine": "llamacpp"}, {"engine": EngineName.LLAMACPP, "quant": "Q8_0"},
+        # one session: Q4_K_M is predicted >15 % faster than Q8_0, so speed overrides the highest-bit-first order
+        ("v100-32gb", {"engine": "llamacpp"}, {"engine": EngineName.LLAMACPP, "quant": "Q4_K_M"},
          "turbomind: engine: llamacpp in the config"),
+        ("v100-32gb", {"engine": "llamacpp", "quant": "Q8_0"}, {"engine": EngineName.LLAMACPP, "quant": "Q8_0"},
+         "override: quant: Q8_0"),
         ("v100-32gb", {"quant": "Q4_K_M"}, {"quant": "Q4_K_M", "n_gpu_layers": -1}, "override: quant: Q4_K_M"),
         ("2xv100-32gb", {"gpus": [1]}, {"gpu_indices": (1,), "engine": EngineName.LMDEPLOY}, None),
         ("2xv100-32gb", {"gpus": [0, 1]}, {"gpu_indices": (0, 1), "tp": 2}, None),
@@ -270,8 +273,8 @@ def test_overrides_are_honoured(
          "turbomind-fp16: needs 15.93 GiB per GPU"),
         ("2xv100-32gb", {"tp": 2, "gpus": [0]}, "tp: 2 but gpus: [0] lists 1 GPU"),
         ("4xv100-32gb", {"gpus": [0, 1, 2], "engine": "lmdeploy"}, "tp 3: TurboMind needs a power of two"),
-        ("v100-32gb", {"engine": "lmdeploy", "concurrency": 4, "lmdeploy": {"cache_max_entry_count": 0.2}},
-         "cache_max_entry_count 0.2 gives KV 3.65 GiB (needs 8.00 GiB)"),
+        ("v100-32gb", {"engine": "lmdeploy", "lmdeploy": {"cache_max_entry_count": 0.05}},
+         "cache_max_entry_count 0.05 gives KV 0.91 GiB (needs 2.00 GiB)"),
     ],
 )  # fmt: skip
 def test_impossible_overrides_are_rejected_with_a_reason(
@@ -321,7 +324,7 @@ def test_default_config_runs_smollm2_on_the_cpu_without_gpus() -> None:
     assert decision.plan is not None, decision.refusal
     p = decision.plan
     assert (p.engine, p.n_gpu_layers, p.context_tokens, p.slots, p.gpu_indices) == (
-        EngineName.LLAMACPP, 0, 2048, 4, ())  # fmt: skip
+        EngineName.LLAMACPP, 0, config.models[0].context, 4, ())  # fmt: skip
     assert p.llamacpp == config.models[0].llamacpp and p.quant == "Q4_1"
 
 

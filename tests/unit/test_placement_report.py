@@ -47,7 +47,7 @@ def test_table_shows_engine_source_precision_and_memory_terms(report: PlacementR
 def test_table_explains_rejections_and_refusals(report: PlacementReport) -> None:
     text = render(report)
     assert "x turbomind-fp16: needs 17.37 GiB per GPU" in text
-    assert "refused: fits nowhere: short by 117.9 GiB" in text
+    assert "refused: fits nowhere: short by 117.3 GiB" in text
     assert "ghost" in text and "source not found: /models/ghost" in text
 
 
@@ -57,7 +57,7 @@ def test_json_has_plans_estimates_and_rejections(report: PlacementReport) -> Non
     assert chat["plan"]["engine"] == "llamacpp" and chat["plan"]["n_gpu_layers"] == -1
     assert chat["estimate"]["terms_gib"]["weights"] == 6.67
     assert ["turbomind-fp16", chat["rejected"][0][1]] == chat["rejected"][0]
-    assert data["decisions"][1]["plan"] is None and "117.9 GiB" in data["decisions"][1]["refusal"]
+    assert data["decisions"][1]["plan"] is None and "117.3 GiB" in data["decisions"][1]["refusal"]
     assert data["start_order"] == ["chat"]
     assert data["inventory"]["gpus"][0]["total_bytes"] == 16_160 << 20
 
