@@ -4,16 +4,19 @@ model files' headers, with every decision explained (DESIGN.md, "Placement").
     inventory = inventory_from_spec(config.gpus)   # "auto" (NVML), "none", or a layout like "2xv100-16gb"
     report = plan_models(config, inventory)        # never raises for a model that does not fit
     report.plans                                   # DeploymentPlans, in the order workers must start
+    report.decision("m").prediction                # predicted tok/s of the chosen plan (performance.py)
 """
 
 from gateway.placement.estimate import MemoryEstimate
 from gateway.placement.inspection import InspectionError, ModelShape, SourceInfo, inspect_source
 from gateway.placement.inventory import GPU, Inventory, InventoryError, inventory_from_nvml, inventory_from_spec
+from gateway.placement.performance import Prediction, gpu_spec
 from gateway.placement.policy import plan_models
-from gateway.placement.report import ModelDecision, PlacementReport, Rejection, render_plan_table
+from gateway.placement.report import Alternative, ModelDecision, PlacementReport, Rejection, render_plan_table
 
 __all__ = [
     "GPU",
+    "Alternative",
     "InspectionError",
     "Inventory",
     "InventoryError",
@@ -21,8 +24,10 @@ __all__ = [
     "ModelDecision",
     "ModelShape",
     "PlacementReport",
+    "Prediction",
     "Rejection",
     "SourceInfo",
+    "gpu_spec",
     "inspect_source",
     "inventory_from_nvml",
     "inventory_from_spec",

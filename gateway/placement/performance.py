@@ -231,7 +231,7 @@ def predict(work: Workload, gpu: GPUSpec | None, *, context: int, sessions: int,
             f"{gpu.bandwidth_bytes_s / 1e9:,.0f} GB/s)"
         )
     return Prediction(
-        gpu=gpu.name if gpu is not None else f"CPU ({work.host_threads} threads)",
+        gpu=gpu.name if gpu is not None else f"CPU, {work.host_threads} thread{'s' if work.host_threads > 1 else ''}",
         context_tokens=context,
         decode_tok_s_1=round(one, 1),
         sessions=sessions,
