@@ -221,6 +221,21 @@ async def test_group_with_one_seed_gives_identical_texts_and_prefills_once(
     assert [r.finished.usage.cached_tokens for r in results] == [0] + [len(prompt)] * 3
 
 
+async def test_group_shares_the_prompt_with_unified_kv_too(smollm2_path: Path, prompt: tuple[int, ...]) -> None:
+    options = ContextOptions(n_ctx_per_seq=CTX, n_seq_max=SLOTS, n_batch=128, n_threads=THREADS, kv_unified=True)
+    unified = Model(smollm2_path, options)
+    try:
+        scheduler = new_scheduler(unified)
+        try:
+            results = await generate_group(scheduler, seeded(prompt, 42, 42, 42))
+            assert scheduler.stats().prefill_tokens_total == len(prompt)
+        finally:
+            scheduler.stop()
+    finally:
+        unified.close()
+    assert len({r.text for r in results}) == 1
+
+
 async def test_group_with_different_seeds_differs_and_reproduces_run_to_run(
     model: Model, prompt: tuple[int, ...]
 ) -> None:
