@@ -13,9 +13,17 @@ from dataclasses import dataclass
 
 from backends.llamacpp.native import Model
 from backends.llamacpp.text import CHATML_TEMPLATE, ChatTemplate
-from backends.llamacpp.tools import ToolFormat, select_format
+from backends.llamacpp.tools import SchemaGrammarError, ToolFormat, select_format
 from backends.llamacpp.wire import format_grammar
 from backends.request import EngineRequest, NamedToolChoice
+
+
+class PromptError(Exception):
+    """The request cannot be turned into a prompt (e.g. a JSON schema no grammar can express)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class PromptBuilder:
             return Prepared(self._tokens(request.prompt or "", self._model.add_bos))
         tools = request.active_tools
         fmt = self.tool_format
-        messages = fmt.prepare_messages(request.messages, tools)
+        messages = fmt.prepare_messages(request.messages, tools, system_role=self.template.supports_system_role)
         text = self.template.render(
             messages,
             tools=fmt.tools_for_template(tools) if tools and fmt.native else None,
@@ -53,7 +61,10 @@ class PromptBuilder:
         add_bos = self._model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
         tokens = self._tokens(text, add_bos)
         if not tools:
-            return Prepared(tokens, format_grammar(request))
+            try:
+                return Prepared(tokens, format_grammar(request))
+            except SchemaGrammarError as exc:
+                raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         grammar = fmt.grammar(tools, parallel=request.parallel_tool_calls is not False) if forced else None
         return Prepared(tokens, grammar, fmt, tuple(t.function.name for t in tools))

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -19,12 +20,12 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from backends.llamacpp.native import ContextOptions, Model
-from backends.llamacpp.output import ChatOutput
-from backends.llamacpp.prompts import Prepared, PromptBuilder
+from backends.llamacpp.output import ChatOutput, assemble
+from backends.llamacpp.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.text import ChatTemplateError
 from backends.llamacpp.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket
-from backends.llamacpp.wire import SSE_DONE, Kind, Renderer, WireError, new_id, sampling_params, sse
+from backends.llamacpp.wire import SSE_DONE, Kind, Renderer, ResponseFinish, WireError, new_id, sampling_params, sse
 from backends.request import EngineRequest
 
 log = logging.getLogger("voltgate.worker")
@@ -185,16 +186,17 @@ async def _stream(ticket: Ticket, render: Renderer, output: ChatOutput, include_
                 continue
             for delta in output.push(event.text):
                 yield sse(render.chunk(delta))
+            if output.done:
+                ticket.cancel()  # the reply's calls are complete: stop generating, finish below
         elif isinstance(event, Finished):
-            if event.reason == "cancelled":
-                return
+            if event.reason == "cancelled" and not output.done:
+                return  # the client went away
             if chat:
                 for delta in output.finish():
                     yield sse(render.chunk(delta))
-                reason = "tool_calls" if output.calls and event.reason == "stop" else event.reason
-                yield sse(render.chunk({}, reason))
+                yield sse(render.chunk({}, _finish_reason(event, output)))
             else:
-                yield sse(render.text_chunk("", event.reason))
+                yield sse(render.text_chunk("", _finish_reason(event, output)))
             if include_usage:
                 yield sse(render.usage_chunk(event.usage))
             yield SSE_DONE
@@ -205,22 +207,29 @@ async def _stream(ticket: Ticket, render: Renderer, output: ChatOutput, include_
             return
 
 
+def _finish_reason(event: Finished, output: ChatOutput) -> ResponseFinish:
+    if output.calls and (event.reason == "stop" or output.done):
+        return "tool_calls"
+    return "length" if event.reason == "length" else "stop"
+
+
 async def _collect(ticket: Ticket, render: Renderer, output: ChatOutput, receive: Receive) -> Response:
     watcher = asyncio.create_task(_wait_for_disconnect(receive, ticket.cancel))
-    parts: list[str] = []
+    deltas: list[dict[str, Any]] = []
     try:
         while True:
             event = await ticket.next_event()
             if isinstance(event, TextDelta):
-                parts.append(event.text)
+                deltas += output.push(event.text)
+                if output.done:
+                    ticket.cancel()
             elif isinstance(event, Failed):
                 return _error(_failure(event))
-            elif event.reason == "cancelled":
+            elif event.reason == "cancelled" and not output.done:
                 return Response(status_code=499)
             else:
-                content, calls = output.complete("".join(parts))
-                reason = "tool_calls" if calls and event.reason == "stop" else event.reason
-                return JSONResponse(render.completion(content, reason, event.usage, calls))
+                content, calls = assemble(deltas + output.finish())
+                return JSONResponse(render.completion(content, _finish_reason(event, output), event.usage, calls))
     finally:
         ticket.cancel()  # a no-op once finished; stops the request if this task was cancelled
         watcher.cancel()
@@ -325,6 +334,8 @@ def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
                 prepared = await asyncio.to_thread(engine.prompts.prepare, engine_request)
             except ChatTemplateError as exc:
                 raise WireError(400, str(exc), param="messages") from exc
+            except PromptError as exc:
+                raise WireError(400, str(exc), param=exc.param) from exc
             _check_length(prepared, spec.context.n_ctx_per_seq, kind)
             ticket = _submit(engine, engine_request, prepared)
         except WireError as exc:

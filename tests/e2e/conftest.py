@@ -58,7 +58,7 @@ def model_entry(model_path: Path, name: str = MODEL, **overrides: object) -> dic
         "name": name,
         "aliases": ["smollm2"] if name == MODEL else [],
         "sources": [{"gguf": str(model_path)}],
-        "context": 1024,
+        "context": 4096,  # room for what chat frontends send (Open WebUI: ~30 tool definitions per chat)
         "concurrency": 4,
         "llamacpp": {"n_threads": 1, "max_queue": 64},
     }

@@ -85,7 +85,7 @@ def test_worker_slots_and_kv_cells_are_fed_from_the_worker_health(gateway: Gatew
         time.sleep(0.25)
     assert slots == 4  # the config asks for concurrency 4
     assert cells is not None and cells >= 0
-    assert metric(samples, "voltgate:worker_kv_cells", model=MODEL) == 4 * 1024  # 4 slots x 1,024 tokens
+    assert metric(samples, "voltgate:worker_kv_cells", model=MODEL) == 4 * 4096  # 4 slots x 4,096 tokens
 
 
 def test_open_mode_was_announced_loudly_at_start(gateway: Gateway) -> None:

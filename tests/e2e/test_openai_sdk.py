@@ -158,7 +158,7 @@ def test_bad_requests_raise_bad_request_error_naming_the_parameter(gateway: Gate
 
 
 def test_prompt_longer_than_the_context_is_context_length_exceeded(gateway: Gateway) -> None:
-    long_prompt = [{"role": "user", "content": "hello " * 3000}]
+    long_prompt = [{"role": "user", "content": "hello " * 5000}]
     with pytest.raises(openai.BadRequestError) as info:
         gateway.client().chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=5)
     assert info.value.code == "context_length_exceeded"
