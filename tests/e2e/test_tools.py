@@ -57,7 +57,7 @@ def frontend_tools(n: int = 30) -> list[dict[str, Any]]:
             "properties": {
                 "query": {"type": "string", "description": f"input for {name}"},
                 "limit": {"type": "integer", "description": "max results"},
-            },  # fmt: skip
+            },
             "required": ["query"],
         }
         description = f"{name.replace('_', ' ').capitalize()}."
@@ -136,7 +136,7 @@ def test_what_open_webui_sends_thirty_tools_no_tool_choice_is_answered(gateway: 
         "messages": [
             {"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Hi! How are you today?"},
-        ],  # fmt: skip
+        ],
         "tools": frontend_tools(30),
         "max_tokens": 48,
         "stream": stream,
@@ -172,7 +172,7 @@ def test_json_schema_output_validates(gateway: Gateway) -> None:
             "name": {"type": "string"},
             "age": {"type": "integer", "minimum": 0},
             "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-        },  # fmt: skip
+        },
         "required": ["name", "age", "tags"],
         "additionalProperties": False,
     }
