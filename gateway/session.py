@@ -41,17 +41,19 @@ class RequestContext:
     started: float
     kind: RequestKind = RequestKind.CHAT
     prompt: Any = None  # what the client sent, kept only when `server.log_prompts` is on
+    api: str | None = None  # a translated API riding on `kind` ("responses", "messages"): the endpoint label
 
 
 def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, tokens: tuple[int, int] | None) -> None:
     """Count a request and write its one access-log line (every request that reached a route)."""
-    metrics.requests.labels(model, ctx.kind.value, str(status)).inc()
+    endpoint = ctx.api or ctx.kind.value
+    metrics.requests.labels(model, endpoint, str(status)).inc()
     access_log.info(
         json.dumps(
             {
                 "request_id": ctx.request_id,
                 "model": model,
-                "endpoint": ctx.kind.value,
+                "endpoint": endpoint,
                 "key_id": ctx.principal.key_id if ctx.principal else None,
                 "status": status,
                 "prompt_tokens": tokens[0] if tokens else None,
