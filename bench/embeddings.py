@@ -1,9 +1,9 @@
 """Embedding throughput of our llama.cpp worker (`--task embed`) on the CPU: inputs/s and tokens/s per batch size.
 
-Starts the worker on `--model`, then for each batch size (inputs per request, default 1, 8, 64) sends
-requests for `--seconds` from `--concurrency` clients and reports inputs/s, prompt tokens/s (the worker's
-own `usage` counts), request latency and the worker's forward-pass rounds. Inputs are distinct sentences of
-`--words` words, so no two inputs are the same.
+Starts the worker on `--model`, then sends requests of each batch size (inputs per request, default 1, 8,
+64) one at a time, rotating through the sizes until `--seconds` have passed, and reports per size inputs/s
+and prompt tokens/s (the worker's own `usage` counts) over the time its requests took, and request latency.
+Inputs are distinct sentences of `--words` words, so no two inputs are the same.
 
     python -m bench.embeddings --model PATH [--pooling mean] --out bench/results/<date>-cpu/embeddings.json
 """
@@ -62,68 +62,69 @@ def start_worker(args: argparse.Namespace, log_dir: Path) -> tuple[ManagedProces
     return proc, root
 
 
-async def _level(client: httpx.AsyncClient, batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    counter = 0
-    latencies: list[float] = []
-    inputs = tokens = errors = 0
-
-    async def one() -> None:
-        nonlocal counter, inputs, tokens, errors
-        texts = sentences(batch, args.words, counter)
-        counter += batch
-        started = time.perf_counter()
-        response = await client.post("/v1/embeddings", json={"model": "bench-embed", "input": texts})
-        if response.status_code != 200:
-            errors += 1
-            return
-        latencies.append(time.perf_counter() - started)
-        inputs += batch
-        tokens += int(response.json()["usage"]["prompt_tokens"])
-
-    for _ in range(2):  # warm-up, not counted
-        await one()
-    latencies.clear()
-    inputs = tokens = errors = 0
-    before = (await client.get("/health")).json()
+async def _request(client: httpx.AsyncClient, texts: list[str]) -> tuple[float, int]:
+    """One request's (latency in seconds, prompt tokens)."""
     started = time.perf_counter()
-    deadline = started + args.seconds
-
-    async def loop() -> None:
-        while time.perf_counter() < deadline or not latencies:
-            await one()
-
-    await asyncio.gather(*(loop() for _ in range(args.concurrency)))
-    elapsed = time.perf_counter() - started
-    after = (await client.get("/health")).json()
-    return {
-        "batch": batch,
-        "concurrency": args.concurrency,
-        "requests": len(latencies),
-        "errors": errors,
-        "inputs": inputs,
-        "prompt_tokens": tokens,
-        "seconds": round(elapsed, 3),
-        "inputs_per_s": round(inputs / elapsed, 2),
-        "tokens_per_s": round(tokens / elapsed, 1),
-        "tokens_per_input": round(tokens / inputs, 1) if inputs else None,
-        "latency_ms": distribution(latencies, scale=1000.0),
-        "worker_rounds": after["rounds_total"] - before["rounds_total"],
-    }
+    response = await client.post("/v1/embeddings", json={"model": "bench-embed", "input": texts})
+    latency = time.perf_counter() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"embedding request failed: {response.status_code} {response.text[:300]}")
+    return latency, int(response.json()["usage"]["prompt_tokens"])
 
 
 async def _run(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Rotate through the batch sizes until `--seconds` have passed (at least one cycle).
+
+    A cycle sends, for each batch size b, `max(batch) / b` requests of b inputs, so every size embeds the
+    same number of inputs per cycle and drift on a shared machine hits every size alike.
+    """
+    largest = max(args.batch)
+    latencies: dict[int, list[float]] = {b: [] for b in args.batch}
+    tokens = dict.fromkeys(args.batch, 0)
+    offset = 0
     async with httpx.AsyncClient(base_url=root, timeout=600, trust_env=False) as client:
-        health = (await client.get("/health")).json()
-        levels = []
-        for batch in args.batch:
-            level = await _level(client, batch, args)
-            print(
-                f"batch {batch:3d} x{args.concurrency}: {level['inputs_per_s']:9.1f} inputs/s "
-                f"{level['tokens_per_s']:10.1f} tokens/s  p50 {level['latency_ms']['p50']:8.1f} ms "
-                f"({level['requests']} requests, {level['worker_rounds']} rounds)"
-            )
-            levels.append(level)
-        return health, levels
+        for batch in args.batch:  # warm-up, not counted
+            await _request(client, sentences(batch, args.words, offset))
+            offset += batch
+        before = (await client.get("/health")).json()
+        started = time.perf_counter()
+        cycles = 0
+        while cycles == 0 or time.perf_counter() - started < args.seconds:
+            for batch in args.batch:
+                for _ in range(max(1, largest // batch)):
+                    latency, n_tokens = await _request(client, sentences(batch, args.words, offset))
+                    offset += batch
+                    latencies[batch].append(latency)
+                    tokens[batch] += n_tokens
+            cycles += 1
+        after = (await client.get("/health")).json()
+    levels = []
+    for batch in args.batch:
+        busy_s = sum(latencies[batch])
+        inputs = batch * len(latencies[batch])
+        level = {
+            "batch": batch,
+            "requests": len(latencies[batch]),
+            "inputs": inputs,
+            "prompt_tokens": tokens[batch],
+            "busy_seconds": round(busy_s, 3),
+            "inputs_per_s": round(inputs / busy_s, 2),
+            "tokens_per_s": round(tokens[batch] / busy_s, 1),
+            "tokens_per_input": round(tokens[batch] / inputs, 1),
+            "latency_ms": distribution(latencies[batch], scale=1000.0),
+        }
+        print(
+            f"batch {batch:3d}: {level['inputs_per_s']:9.1f} inputs/s {level['tokens_per_s']:10.1f} tokens/s  "
+            f"p50 {level['latency_ms']['p50']:8.1f} ms ({level['requests']} requests)"
+        )
+        levels.append(level)
+    totals = {
+        "cycles": cycles,
+        "seconds": round(time.perf_counter() - started, 3),
+        "worker_rounds": after["rounds_total"] - before["rounds_total"],
+        "worker_health": after,
+    }
+    return totals, levels
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,8 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pooling", choices=["mean", "cls", "last"], default=None, help="override the GGUF's pooling")
     p.add_argument("--out", required=True, type=Path, help="result JSON")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64], help="inputs per request")
-    p.add_argument("--concurrency", type=int, default=1, help="clients sending requests at once")
-    p.add_argument("--seconds", type=float, default=10.0, help="measured time per batch size")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured time, all batch sizes together")
     p.add_argument("--words", type=int, default=24, help="words per input")
     p.add_argument("--ctx", type=int, default=512, help="worker --ctx: the longest input")
     p.add_argument("--slots", type=int, default=64, help="worker --slots: inputs per forward pass")
@@ -145,14 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     proc, root = start_worker(args, args.log_dir)
     try:
-        health, levels = asyncio.run(_run(args, root))
+        totals, levels = asyncio.run(_run(args, root))
     finally:
         proc.stop()
     load_after = os.getloadavg()
     result = provenance.collect(
         bench="embeddings",
         model=provenance.gguf_shape(args.model),
-        worker={"argv": proc.argv, "health": health},
+        worker={"argv": proc.argv},
+        totals=totals,
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         levels=levels,
         # The machine may be shared: 1/5/15-minute load averages before and after the run.
