@@ -93,6 +93,9 @@ class ServerSettings(_Spec):
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
     max_tokens_cap: int | None = Field(default=None, ge=1, description="upper bound on max_tokens per request")
+    max_tokens_over_cap: Literal["reject", "clamp"] = Field(
+        default="reject", description="a request over the cap: 400 naming the field, or served with the cap"
+    )
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="longest silence from a worker")
     startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.request import EngineMessage, EngineRequest
+from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.requests import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -39,24 +40,51 @@ def _sampling(parsed: ChatCompletionRequest | CompletionRequest) -> dict[str, An
     out = {name: getattr(parsed, name) for name in fields if getattr(parsed, name) is not None}
     if parsed.ignore_eos:
         out["ignore_eos"] = True
+    if parsed.n is not None:
+        out["n"] = parsed.n
+    if parsed.logit_bias:
+        out["logit_bias"] = parsed.logit_bias
+    if isinstance(parsed, CompletionRequest):
+        if parsed.logprobs is not None:  # the legacy integer: that many alternatives per token
+            out["logprobs"], out["top_logprobs"] = True, parsed.logprobs
+    elif parsed.logprobs:
+        out["logprobs"], out["top_logprobs"] = True, parsed.top_logprobs
     return out
 
 
-def build_engine_request(
+def token_limit(
     parsed: ChatCompletionRequest | CompletionRequest,
     *,
-    model: str,
     default_max_tokens: int | None = None,
+    cap: int | None = None,
+    clamp: bool = False,
+) -> int | None:
+    """max_tokens for the engine: the request's, else the model's default, else the server's cap; a
+    request over the cap is a 400 naming the field it sent, or (`clamp`) is served with the cap."""
+    limit = parsed.token_limit()
+    if limit is not None and cap is not None and limit > cap:
+        if clamp:
+            return cap
+        param = "max_completion_tokens" if getattr(parsed, "max_completion_tokens", None) else "max_tokens"
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} {limit} exceeds this server's cap of {cap}",
+                           param=param)  # fmt: skip
+    if limit is None:
+        limit = default_max_tokens if default_max_tokens is not None else cap
+    if limit is not None and cap is not None:
+        limit = min(limit, cap)
+    return limit
+
+
+def build_engine_request(
+    parsed: ChatCompletionRequest | CompletionRequest, *, model: str, max_tokens: int | None = None
 ) -> EngineRequest:
-    """The engine request for `parsed`; a combination the engine request refuses is a 400 naming it."""
+    """The engine request for `parsed` (with `max_tokens` from `token_limit`); a combination the engine
+    request refuses is a 400 naming it."""
     body: dict[str, Any] = {"model": model, "stream": parsed.stream, "stop": parsed.stops(), **_sampling(parsed)}
     if parsed.stream:
         body["stream_options"] = {"include_usage": True}
-    limit = parsed.token_limit()
-    if limit is None:
-        limit = default_max_tokens
-    if limit is not None:
-        body["max_tokens"] = limit
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     if isinstance(parsed, ChatCompletionRequest):
         body["messages"] = tuple(_message(m) for m in parsed.messages)
         body["continue_final_message"] = parsed.continues_reply

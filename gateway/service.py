@@ -27,7 +27,7 @@ from backends.base import RequestKind
 from backends.request import EngineRequest
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.engine_requests import build_engine_request
+from gateway.engine_requests import build_engine_request, token_limit
 from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, InferenceRequest
@@ -100,6 +100,8 @@ class Service:
         name = f"model {deployment.name!r} ({deployment.plan.engine.value})"
         if kind not in caps.kinds:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not serve {PATHS[kind]}", param="model")
+        if getattr(parsed, "logprobs", None) and not caps.logprobs:
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not report logprobs", param="logprobs")
         if not isinstance(parsed, ChatCompletionRequest):
             return
         fmt = parsed.response_format
@@ -117,16 +119,14 @@ class Service:
             body = parsed.engine_body()
             body["model"] = deployment.plan.remote_model or deployment.plan.model
             return body
-        limit = parsed.token_limit()
-        cap = self.settings.max_tokens_cap
-        if limit is not None and cap is not None and limit > cap:
-            param = "max_completion_tokens" if getattr(parsed, "max_completion_tokens", None) else "max_tokens"
-            raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} {limit} exceeds this server's cap of {cap}",
-                               param=param)  # fmt: skip
-        default = deployment.default_max_tokens if deployment.default_max_tokens is not None else cap
-        engine_request: EngineRequest = build_engine_request(
-            parsed, model=deployment.plan.remote_model or deployment.plan.model, default_max_tokens=default
+        limit = token_limit(
+            parsed,
+            default_max_tokens=deployment.default_max_tokens,
+            cap=self.settings.max_tokens_cap,
+            clamp=self.settings.max_tokens_over_cap == "clamp",
         )
+        model = deployment.plan.remote_model or deployment.plan.model
+        engine_request: EngineRequest = build_engine_request(parsed, model=model, max_tokens=limit)
         return deployment.adapter.translate_request(engine_request)
 
     # -- non-streaming ----------------------------------------------------------------------------------

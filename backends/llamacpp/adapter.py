@@ -24,7 +24,7 @@ class LlamaCppAdapter:
     def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
         del plan
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
-        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True)
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True)
 
     def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
         self._python = python

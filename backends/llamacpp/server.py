@@ -8,24 +8,26 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from backends.llamacpp import replies
+from backends.llamacpp.choices import Choice, cancel_all
 from backends.llamacpp.native import ContextOptions, Model
-from backends.llamacpp.output import ChatOutput, assemble
+from backends.llamacpp.output import ChatOutput
 from backends.llamacpp.prompts import Prepared, PromptBuilder, PromptError
+from backends.llamacpp.replies import wait_for_disconnect
 from backends.llamacpp.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.text import ChatTemplateError
-from backends.llamacpp.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket
-from backends.llamacpp.wire import SSE_DONE, Kind, Renderer, ResponseFinish, WireError, new_id, sampling_params, sse
+from backends.llamacpp.tickets import GenerationRequest, Ticket
+from backends.llamacpp.wire import Kind, Renderer, WireError, logit_bias, new_id, sampling_params
 from backends.request import EngineRequest
 
 log = logging.getLogger("voltgate.worker")
@@ -131,20 +133,6 @@ def _error(exc: WireError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def _failure(event: Failed) -> WireError:
-    if event.retryable:
-        return WireError(503, event.message, type="server_error", code="worker_unavailable")
-    return WireError(500, event.message, type="server_error", code="engine_error")
-
-
-async def _wait_for_disconnect(receive: Receive, on_disconnect: Callable[[], None]) -> None:
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            on_disconnect()
-            return
-
-
 class _EventStream(StreamingResponse):
     """Server-sent events; a client that goes away cancels the request at once, even mid-wait."""
 
@@ -159,7 +147,7 @@ class _EventStream(StreamingResponse):
 
     async def __call__(self, _scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        watcher = asyncio.create_task(_wait_for_disconnect(receive, self._on_disconnect))
+        watcher = asyncio.create_task(wait_for_disconnect(receive, self._on_disconnect))
         try:
             async for frame in self._frames:
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
@@ -172,69 +160,6 @@ class _EventStream(StreamingResponse):
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-
-
-async def _stream(ticket: Ticket, render: Renderer, output: ChatOutput, include_usage: bool) -> AsyncIterator[bytes]:
-    chat = render.kind == "chat"
-    if chat:
-        yield sse(render.chunk({"role": "assistant", "content": ""}))
-    while True:
-        event = await ticket.next_event()
-        if isinstance(event, TextDelta):
-            if not chat:
-                yield sse(render.text_chunk(event.text))
-                continue
-            for delta in output.push(event.text):
-                yield sse(render.chunk(delta))
-            if output.done:
-                ticket.cancel()  # the reply's calls are complete: stop generating, finish below
-        elif isinstance(event, Finished):
-            if event.reason == "cancelled" and not output.done:
-                return  # the client went away
-            if chat:
-                for delta in output.finish():
-                    yield sse(render.chunk(delta))
-                yield sse(render.chunk({}, _finish_reason(event, output)))
-            else:
-                yield sse(render.text_chunk("", _finish_reason(event, output)))
-            if include_usage:
-                yield sse(render.usage_chunk(event.usage))
-            yield SSE_DONE
-            return
-        else:
-            yield sse(_failure(event).body())
-            yield SSE_DONE
-            return
-
-
-def _finish_reason(event: Finished, output: ChatOutput) -> ResponseFinish:
-    if output.calls and (event.reason == "stop" or output.done):
-        return "tool_calls"
-    return "length" if event.reason == "length" else "stop"
-
-
-async def _collect(ticket: Ticket, render: Renderer, output: ChatOutput, receive: Receive) -> Response:
-    watcher = asyncio.create_task(_wait_for_disconnect(receive, ticket.cancel))
-    deltas: list[dict[str, Any]] = []
-    try:
-        while True:
-            event = await ticket.next_event()
-            if isinstance(event, TextDelta):
-                deltas += output.push(event.text)
-                if output.done:
-                    ticket.cancel()
-            elif isinstance(event, Failed):
-                return _error(_failure(event))
-            elif event.reason == "cancelled" and not output.done:
-                return Response(status_code=499)
-            else:
-                content, calls = assemble(deltas + output.finish())
-                return JSONResponse(render.completion(content, _finish_reason(event, output), event.usage, calls))
-    finally:
-        ticket.cancel()  # a no-op once finished; stops the request if this task was cancelled
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
 
 
 def _validate(raw: bytes, kind: Kind) -> EngineRequest:
@@ -269,17 +194,23 @@ def _check_length(prepared: Prepared, limit: int, kind: Kind) -> None:
         )
 
 
-def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared) -> Ticket:
-    kind: Kind = "chat" if request.is_chat else "completion"
-    generation = GenerationRequest(
-        request_id=new_id(kind),
-        prompt=tuple(prepared.tokens),
-        sampling=sampling_params(request, prepared.grammar),
-        max_tokens=request.max_tokens,
-        stop=request.stop,
-    )
+def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request_id: str) -> list[Ticket]:
+    """One generation per choice, submitted as a group that shares the prompt (and its KV)."""
+    bias = logit_bias(request, engine.model.n_vocab)
+    top = (request.top_logprobs or 0) if request.logprobs else None
+    generations = [
+        GenerationRequest(
+            request_id=request_id if request.n == 1 else f"{request_id}/{i}",
+            prompt=tuple(prepared.tokens),
+            sampling=replace(sampling_params(request, prepared.grammar, choice=i), logit_bias=bias),
+            max_tokens=request.max_tokens,
+            stop=request.stop,
+            logprobs=top,
+        )
+        for i in range(request.n)
+    ]
     try:
-        return engine.scheduler.submit(generation, asyncio.get_running_loop())
+        return engine.scheduler.submit_group(generations, asyncio.get_running_loop())
     except QueueFullError as exc:
         raise WireError(429, str(exc), type="rate_limit_error", code="queue_full") from exc
     except SchedulerClosedError as exc:
@@ -337,14 +268,20 @@ def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
             except PromptError as exc:
                 raise WireError(400, str(exc), param=exc.param) from exc
             _check_length(prepared, spec.context.n_ctx_per_seq, kind)
-            ticket = _submit(engine, engine_request, prepared)
+            request_id = new_id(kind)
+            tickets = _submit(engine, engine_request, prepared, request_id)
         except WireError as exc:
             return _error(exc)
-        render = Renderer(kind, ticket.request.request_id, int(time.time()), spec.model_name)
-        output = ChatOutput(prepared.tool_format, prepared.tool_names)
+        render = Renderer(kind, request_id, int(time.time()), spec.model_name)
+        wants_logprobs = engine_request.logprobs
+        choices = [
+            Choice(i, t, ChatOutput(prepared.tool_format, prepared.tool_names), wants_logprobs)
+            for i, t in enumerate(tickets)
+        ]
         if engine_request.stream:
-            return _EventStream(_stream(ticket, render, output, engine_request.include_usage), ticket.cancel)
-        return await _collect(ticket, render, output, request.receive)
+            frames = replies.stream(choices, render, engine_request.include_usage)
+            return _EventStream(frames, lambda: cancel_all(choices))
+        return await replies.collect(choices, render, request.receive)
 
     def endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:

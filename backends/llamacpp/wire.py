@@ -40,9 +40,10 @@ class WireError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def sampling_params(request: EngineRequest, grammar: str | None) -> SamplingParams:
-    """The sampler settings for a validated request (OpenAI's defaults where it gave none)."""
-    seed = request.seed
+def sampling_params(request: EngineRequest, grammar: str | None, *, choice: int = 0) -> SamplingParams:
+    """The sampler settings for choice `choice` of a validated request (OpenAI's defaults where it gave
+    none). With a seed, choice i samples with seed + i: reproducible, and the choices differ."""
+    seed = None if request.seed is None else request.seed + choice
     return SamplingParams(
         temperature=_or(request.temperature, 1.0),
         top_p=_or(request.top_p, 1.0),
@@ -55,6 +56,17 @@ def sampling_params(request: EngineRequest, grammar: str | None) -> SamplingPara
         grammar=grammar,
         ignore_eos=request.ignore_eos,
     )
+
+
+def logit_bias(request: EngineRequest, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """The request's logit biases, checked against the vocabulary (a 400 naming the bad token id)."""
+    if not request.logit_bias:
+        return ()
+    for token in request.logit_bias:
+        if not 0 <= token < n_vocab:
+            raise WireError(400, f"logit_bias: token id {token} is not in this model's vocabulary (0..{n_vocab - 1})",
+                            param="logit_bias")  # fmt: skip
+    return tuple(sorted(request.logit_bias.items()))
 
 
 def _or(value: float | None, default: float) -> float:
@@ -100,32 +112,56 @@ class Renderer:
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def completion(
-        self, text: str | None, finish_reason: ResponseFinish, usage: Usage, tool_calls: Sequence[dict[str, Any]] = ()
-    ) -> dict[str, Any]:
-        if self.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-            if tool_calls:
-                message["tool_calls"] = list(tool_calls)
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion")
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion")
-        body["choices"] = [choice]
+    def completion(self, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        """The unary body for fully built `choices` (see `chat_choice` / `text_choice`)."""
+        body = self._envelope("chat.completion" if self.kind == "chat" else "text_completion")
+        body["choices"] = list(choices)
         body["usage"] = usage_body(usage)
         return body
 
-    def chunk(self, delta: dict[str, Any], finish_reason: ResponseFinish | None = None) -> dict[str, Any]:
+    @staticmethod
+    def chat_choice(
+        index: int,
+        content: str | None,
+        finish_reason: ResponseFinish,
+        tool_calls: Sequence[dict[str, Any]] = (),
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if tool_calls:
+            message["tool_calls"] = list(tool_calls)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    @staticmethod
+    def text_choice(
+        index: int, text: str, finish_reason: ResponseFinish | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: ResponseFinish | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A streamed chat delta (`{"role": ...}`, `{"content": ...}`, `{"tool_calls": [...]}` or `{}`)."""
         body = self._envelope("chat.completion.chunk")
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
         return body
 
-    def text_chunk(self, text: str, finish_reason: ResponseFinish | None = None) -> dict[str, Any]:
+    def text_chunk(
+        self,
+        text: str,
+        finish_reason: ResponseFinish | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A streamed text-completion piece."""
         body = self._envelope("text_completion")
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [self.text_choice(index, text, finish_reason, logprobs)]
         return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

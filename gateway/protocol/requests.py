@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from backends.request import (
     STOP_LIMIT,
+    Choices,
+    LogitBias,
     MaxTokens,
     MinP,
     Penalty,
@@ -131,12 +133,12 @@ class _Sampling(BaseModel):
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
+    n: Choices | None = None
     stop: StopString | list[StopString] | None = None
     seed: int | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[Annotated[int, Field(ge=0)], LogitBias] | None = None
     user: str | None = None
     # Extensions understood by both engines (LMDeploy and our llama.cpp worker).
     top_k: TopK | None = None
@@ -175,15 +177,10 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, reason) for each requested feature no engine here can honour."""
-        problems: list[tuple[str, str]] = [
+        return [
             (name, f"{name!r} is not supported by voltgate's engines; leave it out")
             for name in sorted(UNSUPPORTED_SAMPLING & set(self.model_extra or {}))
         ]
-        if self.n is not None and self.n > 1:
-            problems.append(("n", "n > 1 is not supported; send several requests instead"))
-        if self.logit_bias:
-            problems.append(("logit_bias", "logit_bias is not supported"))
-        return problems
 
     def token_limit(self) -> int | None:
         return self.max_tokens
@@ -234,10 +231,8 @@ class ChatCompletionRequest(_Sampling):
             problems.append(("function_call", legacy + " and `tool_choice`"))
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             problems.append(("tool_choice", "tool_choice needs `tools`"))
-        if self.logprobs:
-            problems.append(("logprobs", "logprobs are not supported yet"))
-        if self.top_logprobs:
-            problems.append(("top_logprobs", "logprobs are not supported yet"))
+        if self.top_logprobs is not None and not self.logprobs:
+            problems.append(("top_logprobs", "top_logprobs needs logprobs: true"))
         if self.modalities and set(self.modalities) - {"text"}:
             problems.append(("modalities", "only text output is supported"))
         if self.audio:
@@ -282,8 +277,6 @@ class CompletionRequest(_Sampling):
             problems.append(("echo", "echo is not supported"))
         if self.best_of is not None and self.best_of > 1:
             problems.append(("best_of", "best_of > 1 is not supported"))
-        if self.logprobs:
-            problems.append(("logprobs", "logprobs are not supported yet"))
         if self.suffix:
             problems.append(("suffix", "suffix is not supported"))
         return problems

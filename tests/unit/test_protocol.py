@@ -7,7 +7,7 @@ import json
 import pytest
 
 from backends.request import EngineRequest
-from gateway.engine_requests import build_engine_request
+from gateway.engine_requests import build_engine_request, token_limit
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
@@ -39,6 +39,10 @@ def reject(body: object, model_type: type = ChatCompletionRequest) -> GatewayErr
         ({"model": "m", "messages": USER, "presence_penalty": -3}, "presence_penalty"),
         ({"model": "m", "messages": USER, "stop": [str(i) for i in range(17)]}, "stop"),
         ({"model": "m", "messages": USER, "repetition_penalty": 20}, "repetition_penalty"),
+        ({"model": "m", "messages": USER, "n": 17}, "n"),
+        ({"model": "m", "messages": USER, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"model": "m", "messages": USER, "logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"model": "m", "messages": USER, "logit_bias": {"abc": 1}}, "logit_bias.abc"),
         ({"model": "m", "messages": USER, "top_p": 1.5}, "top_p"),
         ({"model": "m", "messages": USER, "tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
         ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
@@ -56,12 +60,9 @@ def test_schema_violations_are_400_naming_the_parameter(body: dict, param: str) 
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
-        ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ],
 )
 def test_parameters_no_engine_can_honour_are_refused_by_name(extra: dict, param: str) -> None:
@@ -86,7 +87,9 @@ def test_a_json_array_body_is_refused() -> None:
 
 
 def engine(body: dict, model_type: type = ChatCompletionRequest, **kwargs: object) -> EngineRequest:
-    return build_engine_request(parse_request(json.dumps(body).encode(), model_type), model="worker-name", **kwargs)
+    parsed = parse_request(json.dumps(body).encode(), model_type)
+    limit = token_limit(parsed, **kwargs)  # type: ignore[arg-type]
+    return build_engine_request(parsed, model="worker-name", max_tokens=limit)
 
 
 def test_text_parts_are_flattened_for_the_engine_and_max_completion_tokens_wins() -> None:
@@ -173,3 +176,21 @@ def test_a_final_assistant_message_is_continued_unless_turned_off() -> None:
     assert not engine({"model": "m", "messages": messages, "continue_final_message": False}).continue_final_message
     assert not engine({"model": "m", "messages": USER}).continue_final_message
     assert reject({"model": "m", "messages": USER, "continue_final_message": True}).param == "continue_final_message"
+
+
+def test_logprobs_n_and_logit_bias_reach_the_engine() -> None:
+    body = {"model": "m", "messages": USER, "logprobs": True, "top_logprobs": 3, "n": 2, "logit_bias": {"42": -100}}
+    request = engine(body)
+    assert (request.logprobs, request.top_logprobs, request.n, request.logit_bias) == (True, 3, 2, {42: -100})
+    legacy = engine({"model": "m", "prompt": "x", "logprobs": 2}, CompletionRequest)
+    assert (legacy.logprobs, legacy.top_logprobs) == (True, 2)
+
+
+def test_the_server_cap_rejects_or_clamps_as_configured() -> None:
+    body = {"model": "m", "messages": USER, "max_completion_tokens": 900}
+    with pytest.raises(GatewayError) as info:
+        engine(body, cap=512)
+    assert info.value.param == "max_completion_tokens"
+    assert engine(body, cap=512, clamp=True).max_tokens == 512
+    assert engine({"model": "m", "messages": USER}, cap=512).max_tokens == 512
+    assert engine({"model": "m", "messages": USER}, default_max_tokens=64, cap=512).max_tokens == 64
