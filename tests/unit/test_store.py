@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +156,55 @@ async def test_concurrent_puts_and_reads_from_the_event_loop(tmp_path: Path) -> 
     histories = await asyncio.gather(*(store.history(f"r{i}") for i in range(50)))
     assert [texts(h) for h in histories] == [[str(i), str(i)] for i in range(50)]
     store.close()
+
+
+async def test_input_items_with_history_are_what_the_model_saw(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path)
+    await chain(store, 3)
+    assert texts(await store.input_items("resp_3", with_history=True)) == [
+        "question 1", "answer 1", "question 2", "answer 2", "question 3",
+    ]  # fmt: skip
+    await store.delete("resp_1")  # what is no longer stored is left out, the rest still listed
+    assert texts(await store.input_items("resp_3", with_history=True)) == ["question 2", "answer 2", "question 3"]
+    store.close()
+
+
+async def test_an_owner_never_sees_another_owners_responses(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path)
+    await store.put(response("resp_a", None, "alice's"), [user("q")], owner="alice")
+    for call in (store.get, store.history, store.input_items, store.delete):
+        with pytest.raises(NotFound):
+            await call("resp_a", "bob")
+        with pytest.raises(NotFound):
+            await call("resp_a")  # no owner is an owner too
+    assert texts(await store.history("resp_a", "alice")) == ["q", "alice's"]
+    await store.delete("resp_a", "alice")
+    store.close()
+
+
+async def test_the_database_is_opened_on_first_use(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+    with pytest.raises(NotFound):
+        await store.get("resp_1")
+    assert (tmp_path / "data" / FILENAME).is_file()
+    store.close()
+    store.close()
+
+
+async def test_a_version_1_database_gains_the_owner_column(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / FILENAME)
+    db.executescript(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, previous_id TEXT, created_at REAL NOT NULL, used_at REAL NOT "
+        "NULL, input TEXT NOT NULL, response TEXT NOT NULL, size_bytes INTEGER NOT NULL); PRAGMA user_version = 1;"
+    )
+    db.execute("INSERT INTO responses VALUES ('resp_old', NULL, 1e12, 1e12, '[]', '{\"id\": \"resp_old\"}', 2)")
+    db.commit()
+    db.close()
+    store = ResponseStore(tmp_path, max_age_s=None)
+    assert (await store.get("resp_old"))["id"] == "resp_old"
+    await store.put(response("resp_new", None, "x"), [user("q")], owner="k")
+    assert (await store.get("resp_new", "k"))["id"] == "resp_new"
+    store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / FILENAME)) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
