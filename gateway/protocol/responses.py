@@ -83,7 +83,7 @@ class ChunkDelta(_Out):
 class ChunkChoice(_Out):
     index: int = 0
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -99,7 +99,7 @@ class ChatCompletionChunk(_Out):
 class CompletionChoice(_Out):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason = "stop"
 
 

@@ -18,6 +18,7 @@ import yaml
 from tests.conftest import REPO, free_port
 
 MODEL = "smollm2-135m"
+DEFAULT_MAX_TOKENS = 40  # the test model's default_max_tokens
 READY_TIMEOUT_S = 180
 
 
@@ -60,6 +61,7 @@ def model_entry(model_path: Path, name: str = MODEL, **overrides: object) -> dic
         "sources": [{"gguf": str(model_path)}],
         "context": 4096,  # room for what chat frontends send (Open WebUI: ~30 tool definitions per chat)
         "concurrency": 4,
+        "default_max_tokens": DEFAULT_MAX_TOKENS,
         "llamacpp": {"n_threads": 1, "max_queue": 64},
     }
     entry.update(overrides)
