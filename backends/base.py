@@ -49,6 +49,7 @@ class LMDeployOptions(_Frozen):
     cache_max_entry_count: float | None = Field(default=None, gt=0, le=1)
     quant_policy: Literal[0, 4, 8] | None = None
     max_prefill_token_num: int | None = Field(default=None, ge=256)
+    tool_parser: str | None = Field(default=None, description="--tool-call-parser (default: from the architecture)")
     extra_args: tuple[str, ...] = ()
 
 
@@ -115,6 +116,7 @@ class EngineCapabilities(_Frozen):
     json_mode: bool = True
     json_schema: bool = False
     logprobs: bool = False
+    completion_logprobs: bool = True
     tools: bool = False
     vision: bool = False
 

@@ -19,7 +19,7 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
-from backends.request import EngineRequest
+from backends.request import EngineRequest, NamedToolChoice
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
@@ -45,7 +45,10 @@ class LMDeployAdapter:
     def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
         """Tools need one of LMDeploy's tool-call parsers, chosen by the plan from the architecture."""
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
-        return EngineCapabilities(kinds=kinds, json_schema=True, tools=plan.tool_parser is not None, logprobs=True)
+        # Its /v1/completions answers `logprobs: null` whatever is asked (probed live, 0.18): refused there.
+        return EngineCapabilities(
+            kinds=kinds, json_schema=True, tools=plan.tool_parser is not None, logprobs=True, completion_logprobs=False
+        )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:
         self._startup_timeout_s = startup_timeout_s
@@ -96,6 +99,11 @@ class LMDeployAdapter:
                                       "schema": {"type": "object"}}}  # fmt: skip
         if not request.is_chat:
             out.pop("response_format", None)
+        if isinstance(request.tool_choice, NamedToolChoice):
+            # LMDeploy 0.18 does not honour a named tool_choice (probed live: it answers in text), but it
+            # enforces "required": offered only the named tool, "required" is the named choice.
+            out["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in request.active_tools]
+            out["tool_choice"] = "required"
         return out
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:

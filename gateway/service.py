@@ -100,7 +100,9 @@ class Service:
         name = f"model {deployment.name!r} ({deployment.plan.engine.value})"
         if kind not in caps.kinds:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not serve {PATHS[kind]}", param="model")
-        if getattr(parsed, "logprobs", None) and not caps.logprobs:
+        logprobs = getattr(parsed, "logprobs", None)
+        reports = caps.completion_logprobs if isinstance(parsed, CompletionRequest) else caps.logprobs
+        if logprobs is not None and logprobs is not False and not reports:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not report logprobs", param="logprobs")
         if not isinstance(parsed, ChatCompletionRequest):
             return

@@ -21,6 +21,7 @@ from gateway.placement.estimate import (
 )
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
+from gateway.placement.tool_parsers import tool_parser_for
 
 TM_FP16 = "turbomind-fp16"
 TM_TP = "turbomind-fp16-tp"
@@ -242,6 +243,7 @@ def _tm_placed(
         max_batch_size=fit.max_batch_size,
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
+        tool_parser=spec.lmdeploy.tool_parser or tool_parser_for(source),
     )
     notes = [
         *notes,

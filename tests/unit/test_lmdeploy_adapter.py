@@ -155,13 +155,13 @@ def test_tools_and_json_schema_pass_to_lmdeploy_in_openai_shape() -> None:
             "model": "m",
             "messages": [{"role": "user", "content": "hi"}],
             "tools": [tool],
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "tool_choice": "auto",
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
         }
     )
     out = LMDeployAdapter().translate_request(request)
     assert out["tools"] == [tool]
-    assert out["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert out["tool_choice"] == "auto"
     assert out["response_format"] == {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 
 
@@ -200,3 +200,18 @@ def test_lmdeploy_errors_are_normalised(status: int, body: bytes, code: str | No
     err = LMDeployAdapter().normalize_error(status, body)
     assert err.code == code
     assert err.message
+
+
+def test_a_named_tool_choice_becomes_required_over_that_tool_alone() -> None:
+    """LMDeploy 0.18 ignores a named tool_choice but enforces "required" (probed on the GPU machine)."""
+    tools = [
+        {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}},
+    ]
+    request = EngineRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+         "tool_choice": {"type": "function", "function": {"name": "b"}}}
+    )  # fmt: skip
+    out = LMDeployAdapter().translate_request(request)
+    assert out["tool_choice"] == "required"
+    assert [t["function"]["name"] for t in out["tools"]] == ["b"]
