@@ -30,9 +30,10 @@ from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
 from gateway.remote import RemoteEndpoint
-from gateway.routes import inference, models, ops
+from gateway.routes import inference, messages, models, ops, responses
 from gateway.routes.context import AppContext
 from gateway.service import Service
+from gateway.store import ResponseStore
 from gateway.supervisor import WorkerProcess
 from gateway.workers import Worker, WorkerState
 
@@ -78,7 +79,9 @@ def create_app(
             for plan in plans:
                 registry.add(_deployment(plan, specs[plan.model], adapters[plan.engine], client, config, metrics))
             service = Service(registry, client, config.server, metrics)
-            context = AppContext(config, registry, service, metrics, keys, placement=placement or {})
+            store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
+                                  max_rows=config.server.responses_max_rows)  # fmt: skip
+            context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)
             app.state.voltgate = context
             if keys.open_mode:
                 log.warning(
@@ -97,6 +100,7 @@ def create_app(
                 stats.cancel()
                 log.info("stopping %d worker(s)", len(registry.deployments))
                 await asyncio.gather(*(d.worker.stop(grace_s=10.0) for d in registry))
+                store.close()
 
     app = FastAPI(
         title="voltgate",
@@ -105,6 +109,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(inference.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(models.router)
     app.include_router(ops.router)
     _install_error_handlers(app)

@@ -80,6 +80,14 @@ class Principal:
             self._tokens.append((time.monotonic(), tokens))
 
 
+def presented_key(authorization: str | None, api_key: str | None = None) -> str | None:
+    """The key a request carries: `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>`
+    (Anthropic's); the bearer key wins when both are sent. None when neither is there."""
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return api_key.strip() if api_key else None
+
+
 OPEN = Principal(key_id="open")
 ANONYMOUS = Principal(key_id="-")  # a request refused before its key was checked (logs and metrics only)
 
@@ -107,15 +115,17 @@ class KeyStore:
     def open_mode(self) -> bool:
         return not self._by_hash
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    def authenticate(self, authorization: str | None, api_key: str | None = None) -> Principal:
+        """The caller of a request with these `Authorization` and `x-api-key` headers (see `presented_key`)."""
         if self.open_mode:
             return OPEN
-        if not authorization or not authorization.lower().startswith("bearer "):
+        key = presented_key(authorization, api_key)
+        if key is None:
             raise GatewayError(
                 ErrorCode.INVALID_API_KEY,
                 "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
             )
-        digest = hash_key(authorization[7:].strip())
+        digest = hash_key(key)
         match: Principal | None = None
         for known, principal in self._by_hash.items():  # compare every entry: no early exit on a hit
             if hmac.compare_digest(known, digest):

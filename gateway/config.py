@@ -103,6 +103,27 @@ class ServerSettings(_Spec):
     keepalive_interval_s: float = Field(default=10.0, gt=0, description="SSE comment while a request waits")
     log_prompts: bool = False
     cors_origins: tuple[str, ...] = ()
+    memory_budget_bytes: int | None = Field(
+        default=None, ge=1, description="host memory models may hold (default: 80 % of MemAvailable at start)"
+    )
+    load_wait_s: float = Field(default=300.0, gt=0, description="longest a request waits for its model to load")
+    drain_timeout_s: float = Field(
+        default=60.0, ge=0, description="longest an eviction waits for the requests in flight on the model it unloads"
+    )
+    load_progress: Literal["comments", "data"] = Field(
+        default="comments",
+        description="while a streamed request waits for a load: SSE comments only, or also `data:` progress chunks",
+    )
+    data_dir: Path = Field(
+        default=Path("~/.local/share/voltgate"),
+        description="where stored Responses live (SQLite); a relative path is relative to the config file",
+    )
+    responses_max_age_s: float | None = Field(
+        default=30 * 24 * 3600, gt=0, description="stored Responses unused this long are deleted (null: kept)"
+    )
+    responses_max_rows: int | None = Field(
+        default=100_000, ge=1, description="most stored Responses; the least recently used go first (null: no limit)"
+    )
 
 
 class KeySpec(_Spec):
@@ -114,6 +135,7 @@ class KeySpec(_Spec):
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent: int | None = Field(default=None, ge=1)
+    scopes: tuple[Literal["admin"], ...] = Field(default=(), description="extra rights: admin = the /admin API")
 
 
 class AuthSettings(_Spec):
@@ -144,6 +166,21 @@ class ModelSpec(_Spec):
     )
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
+    load: Literal["always", "on_demand"] = Field(
+        default="always",
+        description="always: started at boot, never evicted; on_demand: started by its first request, may be evicted",
+    )
+    idle_unload_s: float | None = Field(
+        default=None, gt=0, description="unload an on_demand model after this long without requests (null: never)"
+    )
+
+    @model_validator(mode="after")
+    def _residency_settings_agree(self) -> ModelSpec:
+        if self.idle_unload_s is not None and self.load != "on_demand":
+            raise ValueError("idle_unload_s needs load: on_demand (a model with load: always is never unloaded)")
+        if self.load == "on_demand" and self.remote is not None:
+            raise ValueError("load: on_demand needs a local model file (a remote endpoint is never loaded here)")
+        return self
 
     @model_validator(mode="after")
     def _min_context_le_context(self) -> ModelSpec:
@@ -179,6 +216,11 @@ class Config(_Spec):
     auth: AuthSettings = AuthSettings()
     models: tuple[ModelSpec, ...] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    def data_path(self) -> Path:
+        """`server.data_dir` with `~` expanded; a relative path is taken from the config file's directory."""
+        path = self.server.data_dir.expanduser()
+        return path if path.is_absolute() else self.base_dir / path
 
     @field_validator("gpus")
     @classmethod

@@ -13,6 +13,7 @@ from gateway.deployments import Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
 from gateway.service import Service
+from gateway.store import ResponseStore
 
 
 @dataclass
@@ -24,6 +25,7 @@ class AppContext:
     keys: KeyStore
     placement: dict[str, Any] = field(default_factory=dict)
     accepting: bool = True
+    store: ResponseStore | None = None  # stored Responses (`store: true`); the lifespan opens and closes it
 
     def check_accepting(self) -> None:
         if not self.accepting:

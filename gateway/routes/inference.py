@@ -20,7 +20,7 @@ from gateway.service import RequestContext, StreamSession, UnaryResult
 router = APIRouter()
 
 
-def _body_schema(model: type[Any]) -> dict[str, Any]:
+def body_schema(model: type[Any]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
@@ -31,7 +31,7 @@ def _body_schema(model: type[Any]) -> dict[str, Any]:
     }
 
 
-def _model_hint(raw: bytes) -> str | None:
+def model_hint(raw: bytes) -> str | None:
     """The `model` a refused body named, for its access-log line and metric (never trusted otherwise)."""
     try:
         data = json.loads(raw)
@@ -50,18 +50,21 @@ def render(result: UnaryResult | StreamSession) -> Response:
     return JSONResponse(result.body, status_code=result.status)
 
 
-async def begin(request: Request, kind: RequestKind) -> tuple[AppContext, RequestContext, bytes]:
-    """Authenticate and read the body; a refusal here is accounted like every other."""
+async def begin(
+    request: Request, kind: RequestKind, *, api: str | None = None
+) -> tuple[AppContext, RequestContext, bytes]:
+    """Authenticate (a bearer key or Anthropic's `x-api-key`) and read the body; a refusal here is accounted
+    like every other. `api` names a translated API riding on `kind` (the endpoint label)."""
     app: AppContext = app_context(request)
     ctx = RequestContext(request_id=request.state.request_id, principal=ANONYMOUS, started=time.monotonic(),
-                         kind=kind)  # fmt: skip
+                         kind=kind, api=api)  # fmt: skip
     raw = b""
     try:
         raw = await request.body()
-        ctx.principal = app.keys.authenticate(request.headers.get("authorization"))
+        ctx.principal = app.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
         app.check_accepting()
     except GatewayError as exc:
-        app.service.refused(ctx, exc, _model_hint(raw))
+        app.service.refused(ctx, exc, model_hint(raw))
         raise
     return app, ctx, raw
 
@@ -71,21 +74,21 @@ async def _handle(request: Request, kind: RequestKind, model_type: type[Any]) ->
     try:
         parsed = parse_request(raw, model_type)
     except GatewayError as exc:
-        app.service.refused(ctx, exc, _model_hint(raw))
+        app.service.refused(ctx, exc, model_hint(raw))
         raise
     return render(await app.service.handle(parsed, request, ctx))
 
 
-@router.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     return await _handle(request, RequestKind.CHAT, ChatCompletionRequest)
 
 
-@router.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request) -> Response:
     return await _handle(request, RequestKind.COMPLETION, CompletionRequest)
 
 
-@router.post("/v1/embeddings", openapi_extra=_body_schema(EmbeddingRequest))
+@router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     return await _handle(request, RequestKind.EMBEDDING, EmbeddingRequest)

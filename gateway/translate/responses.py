@@ -281,3 +281,35 @@ def to_response(
 def response_error(message: str, code: str) -> dict[str, Any]:
     """A failed Response's `error`; codes outside OpenAI's enum are reported as `server_error`."""
     return {"code": code if code in _RESPONSE_ERROR_CODES else "server_error", "message": message}
+
+
+# -- stored input items -----------------------------------------------------------------------------------
+_ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def stored_input(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input items as a stored response keeps them: each with an `id` (the client's, or a new
+    one), so that its input items list can be paged by item id."""
+    items = req.input_items()
+    for item in items:
+        if not item.get("id"):
+            item["id"] = new_id(_ITEM_ID_PREFIXES.get(str(item.get("type")), "item"))
+    return items
+
+
+def input_item_resource(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored input item as the input items list returns it: text content as parts, a status."""
+    out = dict(item)
+    if out.get("type") in ("message", "function_call", "function_call_output"):
+        out.setdefault("status", "completed")
+    if out.get("type") != "message":
+        return out
+    content = out.get("content")
+    assistant = out.get("role") == "assistant"
+    if isinstance(content, str):
+        content = [{"type": "output_text" if assistant else "input_text", "text": content}]
+    out["content"] = [
+        {"annotations": [], "logprobs": [], **part} if part.get("type") == "output_text" else part
+        for part in content or ()
+    ]
+    return out

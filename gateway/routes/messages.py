@@ -1,0 +1,138 @@
+"""Anthropic's Messages API over the one chat path: POST /v1/messages and POST /v1/messages/count_tokens.
+
+    parse (MessagesRequest) → to_chat → chat request → Service.handle (auth, admission, metrics,
+    disconnect-abort, logging: as for chat) → to_message | MessagesStream over the chat chunks
+
+The key is taken from `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer` (Anthropic's SDKs with an
+auth token); `anthropic-version` and `anthropic-beta` are accepted and ignored. Every error, including
+those of authentication and admission, is rendered in Anthropic's envelope with the same status and
+Retry-After. count_tokens is exact: the chat request is run with `max_tokens: 1` and its prompt's token
+count read from the usage (one prefill and one decoded token on the worker, admitted like any request).
+
+These routes are left out of /openapi.json: that document describes the OpenAI-shaped surface (its
+error envelope in particular), and Anthropic publishes its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from backends.base import RequestKind
+from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error
+from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.relay import SSE_HEADERS, RelayResponse
+from gateway.routes.inference import begin, model_hint, render
+from gateway.service import StreamSession, UnaryResult
+from gateway.translate import MessagesStream, encode_event, messages, new_id, parse_body
+from gateway.translate.params import MESSAGES, chat_request, renamed
+
+log = logging.getLogger("voltgate")
+router = APIRouter()
+
+R = TypeVar("R", MessagesRequest, CountTokensRequest)
+
+
+def _error(exc: GatewayError) -> JSONResponse:
+    """A `GatewayError` in Anthropic's envelope, with its status and retry headers."""
+    return JSONResponse(messages.anthropic_error_body(exc), status_code=exc.status, headers=exc.headers())
+
+
+async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
+    """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope."""
+    try:
+        return await handle()
+    except GatewayError as exc:
+        return _error(renamed(exc, MESSAGES))
+    except Exception:
+        log.exception("unhandled error")
+        return _error(internal_error())
+
+
+def _status(error: dict[str, Any]) -> int:
+    """The HTTP status of a mid-stream chat error frame (`{"error": {..., "code"}}`)."""
+    try:
+        return STATUS[ErrorCode(str(error.get("code")))]
+    except ValueError:
+        return 502
+
+
+async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator[bytes]:
+    """The Messages event stream over the session's chat chunks; the session is closed by the caller."""
+    stream = MessagesStream(req, message_id=new_id("msg"))
+    yield _sse(stream.start())
+    async with contextlib.aclosing(session.chunks()) as chunks:
+        async for chunk in chunks:
+            error = chunk.get("error")
+            if isinstance(error, dict):  # the chat stream broke after its headers were sent
+                yield _sse(stream.fail(_status(error), str(error.get("message") or "the generation failed")))
+                return
+            try:
+                events = stream.feed(chunk)
+            except GatewayError as exc:  # the model's output cannot be streamed as Messages events
+                yield _sse(stream.fail(exc.status, exc.message))
+                return
+            if events:
+                yield _sse(events)
+    yield _sse(stream.finish())
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(encode_event(event) for event in events)
+
+
+async def _submit(
+    request: Request, api: str, parse: Callable[[bytes], tuple[R, dict[str, Any]]]
+) -> tuple[R, UnaryResult | StreamSession]:
+    """begin → parse and translate (`parse` answers the request and its chat body) → the service; a
+    refusal before the service is accounted here, the service accounts its own."""
+    app, ctx, raw = await begin(request, RequestKind.CHAT, api=api)
+    try:
+        req, body = parse(raw)
+        chat = chat_request(body, MESSAGES)
+    except GatewayError as exc:
+        app.service.refused(ctx, exc, model_hint(raw))
+        raise
+    return req, await app.service.handle(chat, request, ctx)
+
+
+def _parse_message(raw: bytes) -> tuple[MessagesRequest, dict[str, Any]]:
+    req = parse_body(raw, MessagesRequest, dotted=True)
+    return req, messages.to_chat(req)
+
+
+def _parse_count(raw: bytes) -> tuple[CountTokensRequest, dict[str, Any]]:
+    req = parse_body(raw, CountTokensRequest, dotted=True)
+    return req, {**messages.to_chat(req), "max_tokens": 1}
+
+
+@router.post("/v1/messages", include_in_schema=False)
+async def create_message(request: Request) -> Response:
+    async def handle() -> Response:
+        req, result = await _submit(request, "messages", _parse_message)
+        if isinstance(result, StreamSession):
+            return RelayResponse(_events(req, result), result.close, headers=SSE_HEADERS)
+        if result.body is None:  # the client went away
+            return render(result)
+        return JSONResponse(messages.to_message(result.body, req, message_id=new_id("msg")))
+
+    return await _anthropic(handle)
+
+
+@router.post("/v1/messages/count_tokens", include_in_schema=False)
+async def count_tokens(request: Request) -> Response:
+    async def handle() -> Response:
+        _, result = await _submit(request, "count_tokens", _parse_count)
+        if isinstance(result, StreamSession):  # never: the body asks for no stream
+            await result.close()
+            raise GatewayError(ErrorCode.INTERNAL_ERROR, "count_tokens was streamed")
+        if result.body is None:
+            return render(result)
+        return JSONResponse({"input_tokens": messages.usage(result.body.get("usage"))["input_tokens"]})
+
+    return await _anthropic(handle)

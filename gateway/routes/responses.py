@@ -1,0 +1,206 @@
+"""OpenAI's Responses API over the one chat path: POST /v1/responses, GET and DELETE /v1/responses/{id},
+GET /v1/responses/{id}/input_items.
+
+    parse (ResponsesRequest) → previous_response_id's history from the store → to_chat → chat request
+      → Service.handle (auth, admission, metrics, disconnect-abort, logging: as for chat)
+      → to_response | ResponsesStream over the chat chunks → store (`store: true`, before the client sees
+        the end, so a follow-up sent at once finds it)
+
+Errors are OpenAI's envelope, rendered by the app's handler; they name the Responses parameters.
+Stored responses belong to the API key that created them: another key gets 404 for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import JSONResponse, Response
+
+from backends.base import RequestKind
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.responses_api import ResponsesRequest
+from gateway.relay import SSE_HEADERS, RelayResponse
+from gateway.routes.context import AppContext, app_context
+from gateway.routes.inference import begin, body_schema, model_hint, render
+from gateway.service import StreamSession
+from gateway.store import NotFound, ResponseStore
+from gateway.translate import ResponsesStream, encode_event, new_id, parse_body, responses
+from gateway.translate.params import RESPONSES, chat_request, renamed
+
+log = logging.getLogger("voltgate")
+router = APIRouter()
+
+API = "responses"  # the endpoint label of these requests in metrics and the access log
+
+
+def _store(app: AppContext) -> ResponseStore:
+    assert app.store is not None, "the lifespan opens the response store"
+    return app.store
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One POST /v1/responses after validation: what it asked, who asked, and the Response's identity."""
+
+    req: ResponsesRequest
+    store: ResponseStore
+    owner: str
+    response_id: str
+    created_at: int
+
+    async def save(self, response: dict[str, Any]) -> None:
+        if self.req.stores:
+            await self.store.put(response, responses.stored_input(self.req), self.owner)
+
+    async def complete(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The Response for a non-streamed chat completion, stored when asked."""
+        response = responses.to_response(
+            chat, self.req, response_id=self.response_id, created_at=self.created_at, completed_at=int(time.time())
+        )
+        await self.save(response)
+        return response
+
+    async def events(self, session: StreamSession) -> AsyncIterator[bytes]:
+        """The Responses event stream over the session's chat chunks; the session is closed by the caller."""
+        stream = ResponsesStream(self.req, response_id=self.response_id, created_at=self.created_at)
+        yield _sse(stream.start())
+        ending: list[dict[str, Any]] | None = None
+        async with contextlib.aclosing(session.chunks()) as chunks:
+            try:
+                async for chunk in chunks:
+                    error = chunk.get("error")
+                    if isinstance(error, dict):  # the chat stream broke after its headers were sent
+                        message = str(error.get("message") or "the generation failed")
+                        ending = stream.fail(message, str(error.get("code") or "server_error"))
+                        break
+                    events = stream.feed(chunk)
+                    if events:
+                        yield _sse(events)
+            except GatewayError as exc:  # the model's output cannot be streamed as Responses events
+                ending = stream.fail(exc.message, exc.code.value)
+        if ending is None:
+            ending = stream.finish()
+        try:
+            await self.save(stream.final_response())
+        except (sqlite3.Error, OSError):  # the answer is out already; a follow-up turn will get 400
+            log.exception("could not store response %s", self.response_id)
+        yield _sse(ending)
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(encode_event(event) for event in events)
+
+
+async def _history(store: ResponseStore, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
+    previous = req.previous_response_id
+    if previous is None:
+        return []
+    try:
+        return await store.history(previous, owner)
+    except NotFound as exc:
+        message = (
+            f"Previous response with id {previous!r} not found."
+            if exc.response_id == previous
+            else f"Previous response {previous!r} continues {exc.response_id!r}, which is no longer stored."
+        )
+        raise GatewayError(ErrorCode.INVALID_REQUEST, message, param="previous_response_id") from None
+
+
+@router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+async def create_response(request: Request) -> Response:
+    app, ctx, raw = await begin(request, RequestKind.CHAT, api=API)
+    store = _store(app)
+    try:
+        req = parse_body(raw, ResponsesRequest)
+        history = await _history(store, req, ctx.principal.key_id)
+        chat = chat_request(responses.to_chat(req, history), RESPONSES)
+    except GatewayError as exc:
+        app.service.refused(ctx, exc, model_hint(raw))
+        raise
+    turn = _Turn(req, store, ctx.principal.key_id, new_id("resp"), int(time.time()))
+    try:
+        result = await app.service.handle(chat, request, ctx)
+    except GatewayError as exc:  # accounted by the service
+        raise renamed(exc, RESPONSES) from None
+    if isinstance(result, StreamSession):
+        return RelayResponse(turn.events(result), result.close, headers=SSE_HEADERS)
+    if result.body is None:  # the client went away
+        return render(result)
+    return JSONResponse(await turn.complete(result.body))
+
+
+def _reader(request: Request) -> tuple[ResponseStore, str]:
+    """The store and the caller's key id, for reading or deleting stored responses."""
+    app = app_context(request)
+    principal = app.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    return _store(app), principal.key_id
+
+
+def _not_found(response_id: str) -> GatewayError:
+    return GatewayError(ErrorCode.NOT_FOUND, f"Response with id {response_id!r} not found.", param="response_id")
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(request: Request, response_id: str, stream: bool = False) -> Response:
+    store, owner = _reader(request)
+    if stream:
+        raise GatewayError(
+            ErrorCode.UNSUPPORTED_PARAMETER, "replaying a stored response as a stream is not supported", param="stream"
+        )
+    try:
+        return JSONResponse(await store.get(response_id, owner))
+    except NotFound:
+        raise _not_found(response_id) from None
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    store, owner = _reader(request)
+    try:
+        await store.delete(response_id, owner)
+    except NotFound:
+        raise _not_found(response_id) from None
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    request: Request,
+    response_id: str,
+    limit: int = Query(default=20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> Response:
+    """Every item the model saw for this response, as OpenAI lists them: the earlier turns of its
+    previous_response_id chain (inputs and outputs, as far as still stored), then its own input."""
+    store, owner = _reader(request)
+    try:
+        stored = await store.input_items(response_id, owner, with_history=True)
+    except NotFound:
+        raise _not_found(response_id) from None
+    items = [responses.input_item_resource(item) for item in stored]
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        found = next((i for i, item in enumerate(items) if item.get("id") == after), None)
+        if found is None:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"no input item with id {after!r}", param="after")
+        start = found + 1
+    page = items[start : start + limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": start + limit < len(items),
+        }
+    )
