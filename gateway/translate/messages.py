@@ -283,8 +283,10 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
 
 
 def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
-    """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message."""
+    """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message
+    unless the message already names it as "param: ..." or "...: param"."""
     message = error.message
-    if error.param and not message.startswith(f"{error.param}:"):
+    named = message.startswith(f"{error.param}:") or message.endswith(f": {error.param}")
+    if error.param and not named:
         message = f"{error.param}: {message}"
     return anthropic_error(error.status, message)

@@ -375,4 +375,6 @@ def test_gateway_errors_render_with_their_param_in_the_message() -> None:
     }
     error = GatewayError(ErrorCode.INVALID_REQUEST, "max_tokens: missing", param="max_tokens")
     assert anthropic_error_body(error)["error"]["message"] == "max_tokens: missing"
+    error = GatewayError(ErrorCode.INVALID_REQUEST, "missing required parameter: max_tokens", param="max_tokens")
+    assert anthropic_error_body(error)["error"]["message"] == "missing required parameter: max_tokens"
     assert anthropic_error_body(GatewayError(ErrorCode.QUEUE_FULL, "busy"))["error"]["type"] == "rate_limit_error"
