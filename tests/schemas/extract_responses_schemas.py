@@ -34,6 +34,7 @@ ROOTS = [
     "ResponseFailedEvent",
     "ResponseErrorEvent",
     "CreateResponse",
+    "ResponseItemList",
 ]
 PROSE = {"description", "example", "examples", "title", "x-oaiMeta"}
 
