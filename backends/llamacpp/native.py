@@ -169,8 +169,9 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return token in self.eog_ids
 
-    def chat_template(self) -> str | None:
-        raw = lib.llama_model_chat_template(self._model, None)
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The GGUF's chat template (`tokenizer.chat_template`), or a named one such as "tool_use"."""
+        raw = lib.llama_model_chat_template(self._model, name.encode() if name else None)
         return raw.decode("utf-8") if raw else None
 
     def special_text(self, token: int) -> str:
@@ -317,7 +318,7 @@ class Sampler:
             self._keep.append(entries)
             self._add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(biases), entries))
         if params.grammar is not None:
-            grammar = lib.llama_sampler_init_grammar(model.vocab, params.grammar.encode(), b"root")
+            grammar = self._grammar(model, params)
             if not grammar:
                 self.close()
                 raise NativeError("invalid grammar")
@@ -343,6 +344,16 @@ class Sampler:
             self._add(lib.llama_sampler_init_min_p(params.min_p, 1))
         self._add(lib.llama_sampler_init_temp(params.temperature))
         self._add(lib.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+
+    def _grammar(self, model: Model, params: SamplingParams) -> Any:
+        text = (params.grammar or "").encode()
+        if not params.grammar_triggers:
+            return lib.llama_sampler_init_grammar(model.vocab, text, b"root")
+        patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(p.encode() for p in params.grammar_triggers))
+        self._keep.append(patterns)
+        return lib.llama_sampler_init_grammar_lazy_patterns(
+            model.vocab, text, b"root", patterns, len(params.grammar_triggers), None, 0
+        )
 
     def _add(self, sampler: Any) -> None:
         lib.llama_sampler_chain_add(self._chain, sampler)

@@ -32,6 +32,8 @@ class Prepared:
     grammar: str | None = None
     tool_format: ToolFormat | None = None
     tool_names: tuple[str, ...] = ()
+    shown_specials: frozenset[int] = frozenset()
+    grammar_triggers: tuple[str, ...] = ()
 
 
 class PromptBuilder:
@@ -41,8 +43,24 @@ class PromptBuilder:
         self._model = model
         source = model.chat_template() or CHATML_TEMPLATE
         self._bos_text = model.special_text(model.bos_id)
-        self.template = ChatTemplate(source, bos_token=self._bos_text, eos_token=model.special_text(model.eos_id))
-        self.tool_format = select_format(source)
+        eos_text = model.special_text(model.eos_id)
+        self.template = ChatTemplate(source, bos_token=self._bos_text, eos_token=eos_text)
+        # Some GGUFs (Hermes 2 Pro) carry a second template for conversations with tools.
+        tool_source = model.chat_template("tool_use")
+        self.tool_template = (
+            ChatTemplate(tool_source, bos_token=self._bos_text, eos_token=eos_text) if tool_source else self.template
+        )
+        self.tool_format = select_format(tool_source or source)
+        self._specials = self._special_ids(self.tool_format.preserved_tokens)
+
+    def _special_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The token ids of a tool syntax's markers that are special tokens (rendered empty by default)."""
+        ids = set()
+        for text in texts:
+            tokens = self._model.tokenize(text, add_special=False, parse_special=True)
+            if len(tokens) == 1 and not self._model.piece(tokens[0]):
+                ids.add(tokens[0])
+        return frozenset(ids)
 
     def prepare(self, request: EngineRequest) -> Prepared:
         """Prompt tokens and grammar for `request` (blocking: tokenization is native code)."""
@@ -50,8 +68,9 @@ class PromptBuilder:
             return Prepared(self._tokens(request.prompt or "", self._model.add_bos))
         tools = request.active_tools
         fmt = self.tool_format
-        messages = fmt.prepare_messages(request.messages, tools, system_role=self.template.supports_system_role)
-        text = self.template.render(
+        template = self.tool_template if tools else self.template
+        messages = fmt.prepare_messages(request.messages, tools, system_role=template.supports_system_role)
+        text = template.render(
             messages,
             tools=fmt.tools_for_template(tools) if tools and fmt.native else None,
             add_generation_prompt=not request.continue_final_message,
@@ -65,9 +84,14 @@ class PromptBuilder:
                 return Prepared(tokens, format_grammar(request))
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
-        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
-        grammar = fmt.grammar(tools, parallel=request.parallel_tool_calls is not False) if forced else None
-        return Prepared(tokens, grammar, fmt, tuple(t.function.name for t in tools))
+        parallel = request.parallel_tool_calls is not False
+        triggers: tuple[str, ...] = ()
+        if request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice):
+            grammar = fmt.grammar(tools, parallel=parallel)
+        else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
+            grammar, triggers = fmt.lazy_grammar(tools, parallel)
+        names = tuple(t.function.name for t in tools)
+        return Prepared(tokens, grammar, fmt, names, self._specials, triggers)
 
     def _tokens(self, text: str, add_bos: bool) -> list[int]:
         tokens = self._model.tokenize(text, add_special=add_bos)

@@ -64,6 +64,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     grammar: str | None = None
+    grammar_triggers: tuple[str, ...] = ()
+    """With triggers the grammar is lazy: free text until a trigger pattern (a regex over all the text so
+    far, applied from its first capture group) matches, then held to the grammar (tool_choice "auto")."""
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
 

@@ -404,7 +404,7 @@ class Scheduler:
         if self._model.is_eog(token) and not request.sampling.ignore_eos:
             self._finish(seq, "stop")
             return
-        emitted = seq.push(self._model.piece(token), entry)
+        emitted = seq.push(self._model.piece(token, special=token in request.shown_specials), entry)
         delta = emitted.delta()
         if delta is not None:
             self._outbox.put(seq.ticket, delta)

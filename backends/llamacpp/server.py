@@ -202,10 +202,15 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
         GenerationRequest(
             request_id=request_id if request.n == 1 else f"{request_id}/{i}",
             prompt=tuple(prepared.tokens),
-            sampling=replace(sampling_params(request, prepared.grammar, choice=i), logit_bias=bias),
+            sampling=replace(
+                sampling_params(request, prepared.grammar, choice=i),
+                logit_bias=bias,
+                grammar_triggers=prepared.grammar_triggers,
+            ),
             max_tokens=request.max_tokens,
             stop=request.stop,
             logprobs=top,
+            shown_specials=prepared.shown_specials,
         )
         for i in range(request.n)
     ]

@@ -44,6 +44,9 @@ class GenerationRequest:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    shown_specials: frozenset[int] = frozenset()
+    """Special tokens rendered as their text (a tool-call syntax's markers such as `[TOOL_CALLS]`), which
+    otherwise render empty."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

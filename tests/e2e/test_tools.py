@@ -81,7 +81,7 @@ def test_required_tool_choice_returns_a_well_formed_call(gateway: Gateway) -> No
 
 def test_a_named_tool_choice_calls_that_tool_with_valid_arguments(gateway: Gateway) -> None:
     completion = gateway.client().chat.completions.create(
-        model=MODEL, messages=ASK, tools=[TIME, WEATHER], temperature=0, max_tokens=96,
+        model=MODEL, messages=ASK, tools=[TIME, WEATHER], temperature=0, max_tokens=256,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )  # fmt: skip
     calls = completion.choices[0].message.tool_calls or []
@@ -93,7 +93,7 @@ def test_a_named_tool_choice_calls_that_tool_with_valid_arguments(gateway: Gatew
 def test_a_full_tool_loop_ends_in_a_text_answer(gateway: Gateway) -> None:
     client = gateway.client()
     first = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=96
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=256
     )
     call = (first.choices[0].message.tool_calls or [])[0]
     history: list[Any] = [
@@ -112,15 +112,18 @@ def test_a_full_tool_loop_ends_in_a_text_answer(gateway: Gateway) -> None:
 
 def test_streamed_tool_calls_are_accumulated_by_the_sdk_stream_helper(gateway: Gateway) -> None:
     with gateway.client().chat.completions.stream(
-        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=96
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=256
     ) as stream:
         chunks = [event.chunk for event in stream if event.type == "chunk"]
         final = stream.get_final_completion()
     for chunk in chunks:
         assert_matches_openai("CreateChatCompletionStreamResponse", chunk.model_dump(mode="json", exclude_unset=True))
-    first_deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
-    assert first_deltas[0].id and first_deltas[0].function and first_deltas[0].function.name == "get_weather"
-    assert all(d.id is None for d in first_deltas[1:])  # later deltas carry argument fragments only
+    parts = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+    for index in {p.index for p in parts}:
+        mine = [p for p in parts if p.index == index]
+        assert mine[0].id and mine[0].type == "function" and mine[0].function and mine[0].function.name == "get_weather"
+        assert all(p.id is None and p.function and p.function.name is None for p in mine[1:])  # argument fragments
+        assert len(mine) > 1
     calls = final.choices[0].message.tool_calls or []
     assert final.choices[0].finish_reason == "tool_calls"
     assert calls and {c.function.name for c in calls} == {"get_weather"}
@@ -218,7 +221,7 @@ def test_langchain_bind_tools_gets_a_tool_call(gateway: Gateway) -> None:
         return f"21 {unit} in {city}"
 
     llm = langchain_openai.ChatOpenAI(
-        model=MODEL, base_url=gateway.base_url, api_key="unused", temperature=0, max_tokens=96, max_retries=0
+        model=MODEL, base_url=gateway.base_url, api_key="unused", temperature=0, max_tokens=256, max_retries=0
     )
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
     assert message.tool_calls and {c["name"] for c in message.tool_calls} == {"get_weather"}
