@@ -48,7 +48,7 @@ async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
     try:
         return await handle()
     except GatewayError as exc:
-        return _error(renamed(exc, MESSAGES))
+        return _error(exc)
     except Exception:
         log.exception("unhandled error")
         return _error(internal_error())
@@ -98,7 +98,10 @@ async def _submit(
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
-    return req, await app.service.handle(chat, request, ctx)
+    try:
+        return req, await app.service.handle(chat, request, ctx)
+    except GatewayError as exc:  # accounted by the service; it names chat parameters
+        raise renamed(exc, MESSAGES) from None
 
 
 def _parse_message(raw: bytes) -> tuple[MessagesRequest, dict[str, Any]]:

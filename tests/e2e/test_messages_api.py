@@ -1,0 +1,195 @@
+"""Anthropic's Messages API through `voltgate serve` on the real SmolLM2, with the official anthropic SDK.
+
+Messages are validated with the SDK's own types (`anthropic.types.Message`), errors must come in Anthropic's
+envelope with the right status. This SDK has no `temperature` argument any more, so determinism is asked
+for through `extra_body` (the gateway still takes it, as Anthropic's HTTP API does).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+from anthropic.types import Message, MessageTokensCount
+
+from tests.conftest import free_port
+from tests.e2e.conftest import MODEL, Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.streams import metric, scrape
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0}
+SHORT = [{"role": "user", "content": "What is 2+2? Answer with one number."}]  # "The answer is 4."
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}
+KEY = "vg-messages-e2e-key-3c"
+
+
+def client(gateway: Gateway, api_key: str = "unused", **kwargs: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=120, **kwargs)
+
+
+def create(gateway: Gateway, **kwargs: Any) -> Message:
+    """`messages.create`, its JSON body checked against the SDK's own Message type."""
+    raw = client(gateway).messages.with_raw_response.create(model=MODEL, extra_body=GREEDY, **kwargs)
+    Message.model_validate(raw.http_response.json())
+    return raw.parse()
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert body["error"]["type"] == kind
+    message: str = body["error"]["message"]
+    return message
+
+
+def test_create_answers_a_message(gateway: Gateway) -> None:
+    message = create(gateway, max_tokens=64, messages=SHORT)
+    assert message.id.startswith("msg_") and (message.role, message.model) == ("assistant", MODEL)
+    assert message.stop_reason == "end_turn"
+    assert [block.type for block in message.content] == ["text"]
+    assert "4" in message.content[0].text  # type: ignore[union-attr]
+    assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+
+
+def test_a_system_prompt_and_max_tokens_are_honoured(gateway: Gateway) -> None:
+    system = "You are a terse assistant. " * 20  # longer than the default system prompt of SmolLM2's template
+    message = create(gateway, max_tokens=3, system=system, messages=SHORT)
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
+    plain = create(gateway, max_tokens=3, messages=SHORT)
+    assert message.usage.input_tokens > plain.usage.input_tokens + 60
+
+
+def test_stream_accumulates_to_the_final_message(gateway: Gateway) -> None:
+    with client(gateway).messages.stream(model=MODEL, max_tokens=64, messages=SHORT, extra_body=GREEDY) as stream:
+        kinds = []
+        text = []
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                text.append(event.delta.text)
+        final = stream.get_final_message()
+    Message.model_validate(final.model_dump(mode="json"))
+    assert kinds[0] == "message_start" and kinds.count("message_start") == 1
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert final.content[0].text == "".join(text) and "4" in "".join(text)  # type: ignore[union-attr]
+    assert final.stop_reason == "end_turn"
+    assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
+    unary = create(gateway, max_tokens=64, messages=SHORT)
+    assert unary.content[0].text == final.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_forced_tool_use_then_its_result_gets_a_text_answer(gateway: Gateway) -> None:
+    ask = {"role": "user", "content": "What is the weather in Paris?"}
+    called = create(
+        gateway, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, messages=[ask]
+    )
+    assert called.stop_reason == "tool_use"
+    uses = [block for block in called.content if block.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
+    assert isinstance(uses[0].input, dict)
+    jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
+    result = {"type": "tool_result", "tool_use_id": uses[0].id, "content": json.dumps({"celsius": 18})}
+    answered = create(
+        gateway, max_tokens=48, tools=[WEATHER], tool_choice={"type": "none"},
+        messages=[ask, {"role": "assistant", "content": called.content}, {"role": "user", "content": [result]}],
+    )  # fmt: skip
+    assert [block.type for block in answered.content] == ["text"]
+    assert answered.content[0].text.strip()  # type: ignore[union-attr]
+    assert answered.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_a_streamed_tool_use_has_its_input_as_json_deltas(gateway: Gateway) -> None:
+    with client(gateway).messages.stream(
+        model=MODEL, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "Weather in Rome?"}], extra_body=GREEDY,
+    ) as stream:  # fmt: skip
+        final = stream.get_final_message()
+    uses = [block for block in final.content if block.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(uses) == 1
+    jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
+
+
+def test_count_tokens_is_the_prompt_the_model_sees(gateway: Gateway) -> None:
+    counted = client(gateway).messages.count_tokens(model=MODEL, messages=SHORT)
+    assert isinstance(counted, MessageTokensCount)
+    message = create(gateway, max_tokens=8, messages=SHORT)
+    assert counted.input_tokens == message.usage.input_tokens
+    with_tools = client(gateway).messages.count_tokens(model=MODEL, messages=SHORT, tools=[WEATHER])
+    assert with_tools.input_tokens > counted.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "names"),
+    [
+        ({"messages": SHORT}, 400, "invalid_request_error", "max_tokens"),
+        ({"max_tokens": 8, "messages": SHORT, "model": "no-such-model"}, 404, "not_found_error", "no-such-model"),
+        ({"max_tokens": 8, "messages": SHORT, "stop_sequences": [str(i) for i in range(17)]}, 400,
+         "invalid_request_error", "stop_sequences"),
+        ({"max_tokens": 8, "messages": SHORT, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400,
+         "invalid_request_error", "tools.0.type"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+         "invalid_request_error", "messages.0.content.0.type"),
+    ],
+)  # fmt: skip
+def test_errors_come_in_anthropics_envelope(
+    gateway: Gateway, body: dict[str, Any], status: int, kind: str, names: str
+) -> None:
+    response = httpx.post(
+        gateway.url + "/v1/messages", json={"model": MODEL, **body}, headers={"anthropic-version": "2023-06-01"},
+        timeout=10,
+    )  # fmt: skip
+    assert names in assert_anthropic_error(response, status, kind)
+
+
+def test_the_sdk_raises_its_own_errors(gateway: Gateway) -> None:
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client(gateway).messages.create(model="no-such-model", max_tokens=8, messages=SHORT)
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        client(gateway).messages.create(model=MODEL, max_tokens=0, messages=SHORT)
+
+
+@pytest.fixture(scope="module")
+def keyed(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("messages-keyed")
+    config = write_config(tmp, smollm2_path, free_port(), data_dir=str(tmp / "data"))
+    gateway = start_gateway(config, tmp / "gateway.log", env={"VOLTGATE_API_KEYS": KEY})
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        stop_gateway(gateway)
+
+
+def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(keyed: Gateway) -> None:
+    url = keyed.url + "/v1/messages"
+    body = {"model": MODEL, "max_tokens": 4, "messages": SHORT}
+    for headers in ({}, {"x-api-key": "vg-wrong"}, {"authorization": "Bearer vg-wrong"}):
+        assert_anthropic_error(httpx.post(url, json=body, headers=headers, timeout=10), 401, "authentication_error")
+    with pytest.raises(anthropic.AuthenticationError):
+        client(keyed, api_key="vg-wrong").messages.create(model=MODEL, max_tokens=4, messages=SHORT)
+    by_key = client(keyed, api_key=KEY).messages.create(model=MODEL, max_tokens=4, messages=SHORT)
+    by_token = anthropic.Anthropic(base_url=keyed.url, auth_token=KEY, max_retries=0).messages.create(
+        model=MODEL, max_tokens=4, messages=SHORT
+    )
+    assert by_key.usage.output_tokens > 0 and by_token.usage.output_tokens > 0
+    counted = client(keyed, api_key=KEY).messages.count_tokens(model=MODEL, messages=SHORT)
+    assert counted.input_tokens > 0
+    samples = scrape(keyed)
+    assert metric(samples, "voltgate:requests_total", endpoint="messages", status="401") == 4
+    assert metric(samples, "voltgate:requests_total", endpoint="messages", status="200") == 2
+    assert metric(samples, "voltgate:requests_total", endpoint="count_tokens", status="200") == 1
