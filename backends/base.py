@@ -24,6 +24,7 @@ class RequestKind(StrEnum):
     CHAT = "chat"
     COMPLETION = "completion"
     EMBEDDING = "embedding"
+    RERANK = "rerank"
 
 
 class _Frozen(BaseModel):
@@ -83,6 +84,16 @@ class DeploymentPlan(_Frozen):
     kv_cache_type: Literal["f16", "q8_0"] = Field(
         default="f16", description="llama.cpp KV cache type; q8_0 halves it (needs flash attention)"
     )
+    task: Literal["generate", "embed", "rerank"] = Field(
+        default="generate",
+        description="embed/rerank: a llama.cpp pooled-output worker; context_tokens is then the longest input "
+        "and slots the inputs per forward pass",
+    )
+    pooling: Literal["mean", "cls", "last", "rank"] | None = Field(
+        default=None, description="embed/rerank: override the GGUF's pooling type"
+    )
+    matryoshka: bool = Field(default=False, description="embed: vectors may be cut to `dimensions`")
+    embed_truncate: bool = Field(default=False, description="embed: cut over-long inputs instead of refusing them")
 
 
 class LaunchSpec(_Frozen):
@@ -119,12 +130,15 @@ class EngineCapabilities(_Frozen):
     completion_logprobs: bool = True
     tools: bool = False
     vision: bool = False
+    dimensions: bool = True
+    """/v1/embeddings honours `dimensions` (a remote endpoint answers for itself; ours only for matryoshka)."""
 
     def public(self) -> dict[str, bool]:
         return {
             "chat": RequestKind.CHAT in self.kinds,
             "completions": RequestKind.COMPLETION in self.kinds,
             "embeddings": RequestKind.EMBEDDING in self.kinds,
+            "rerank": RequestKind.RERANK in self.kinds,
             "tools": self.tools,
             "json_schema": self.json_schema,
             "logprobs": self.logprobs,

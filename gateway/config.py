@@ -160,6 +160,17 @@ class ModelSpec(_Spec):
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
     gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")
     tp: int | None = Field(default=None, ge=1, le=8)
+    task: Literal["generate", "embed", "rerank"] | None = Field(
+        default=None,
+        description="what it serves; default from the GGUF: an encoder or a declared pooling type is embed, "
+        "pooling rank is rerank, anything else generate. For embed/rerank `context` is the longest input",
+    )
+    pooling: Literal["mean", "cls", "last", "rank"] | None = Field(
+        default=None, description="embed/rerank: override the GGUF's pooling (decoders such as SmolLM2 declare none)"
+    )
+    matryoshka: bool = Field(default=False, description="embed: vectors may be cut short, so `dimensions` is honoured")
+    embed_batch: int = Field(default=32, ge=1, le=256, description="embed/rerank: inputs per forward pass")
+    embed_truncate: bool = Field(default=False, description="embed: cut an input longer than `context`, not a 400")
     objective: Literal["throughput", "latency"] = Field(
         default="throughput",
         description="what the planner's speed prediction optimises: tokens/s in total for many users, or one user's",
@@ -195,6 +206,23 @@ class ModelSpec(_Spec):
             raise ValueError("sources: a remote endpoint cannot be mixed with local model files")
         if len(remote) > 1:
             raise ValueError("sources: one remote endpoint per model")
+        return self
+
+    @model_validator(mode="after")
+    def _pooled_settings_agree(self) -> ModelSpec:
+        pooled = {k for k in ("pooling", "matryoshka", "embed_truncate") if getattr(self, k)}
+        if self.task == "generate" and pooled:
+            raise ValueError(f"{', '.join(sorted(pooled))}: only for task embed or rerank")
+        if self.task == "embed" and self.pooling == "rank":
+            raise ValueError("pooling rank is a reranker's: set task: rerank")
+        if self.task == "rerank" and self.pooling not in (None, "rank"):
+            raise ValueError(f"a reranker pools by rank, not {self.pooling}")
+        if (self.task == "rerank" or self.pooling == "rank") and (self.matryoshka or self.embed_truncate):
+            raise ValueError("matryoshka and embed_truncate are for embedding models, not rerankers")
+        if self.task in ("embed", "rerank") and self.engine == "lmdeploy":
+            raise ValueError(f"task {self.task} runs on llama.cpp (a GGUF source), not engine: lmdeploy")
+        if self.remote is not None and (self.task is not None or pooled):
+            raise ValueError("task, pooling, matryoshka, embed_truncate: a remote endpoint answers for itself")
         return self
 
     @property

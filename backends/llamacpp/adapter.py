@@ -1,4 +1,8 @@
-"""How the gateway launches and speaks to our llama.cpp worker (`python -m backends.llamacpp.worker`)."""
+"""How the gateway launches and speaks to our llama.cpp worker (`python -m backends.llamacpp.worker`).
+
+A generation plan starts the continuous-batching chat worker; an embed or rerank plan the pooled-output
+worker (`--task embed|rerank`), where `--ctx` is the longest input and `--slots` the inputs per forward pass.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +26,15 @@ class LlamaCppAdapter:
     engine: ClassVar[EngineName] = EngineName.LLAMACPP
 
     def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
-        del plan
+        """A generation worker serves chat and completions; an embed worker only embeddings (`dimensions` when
+        matryoshka), a rerank worker only rerank."""
+        if plan.task == "embed":
+            return EngineCapabilities(kinds=frozenset({RequestKind.EMBEDDING}), json_mode=False,
+                                      dimensions=plan.matryoshka)  # fmt: skip
+        if plan.task == "rerank":
+            return EngineCapabilities(kinds=frozenset({RequestKind.RERANK}), json_mode=False, dimensions=False)
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
-        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True)
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True, dimensions=False)
 
     def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
         self._python = python
@@ -50,6 +60,12 @@ class LlamaCppAdapter:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)
             argv += ["--cache-type", plan.kv_cache_type]
+        if plan.task != "generate":
+            argv += ["--task", plan.task]
+            if plan.pooling is not None:
+                argv += ["--pooling", plan.pooling]
+            if plan.matryoshka:
+                argv.append("--matryoshka")
         env = {"PYTHONUNBUFFERED": "1"}
         if plan.gpu_indices:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -4,7 +4,8 @@ Pass 1 gives every model, largest first, a placement wholly on GPUs: the tiered 
 `gateway.placement.ladder` (the targets with full-precision KV, then quantized KV, then fewer sessions, then
 a shorter session where `min_context` allows), choosing within a tier by predicted speed for the model's
 `objective`. Pass 2 gives what is left to the models still unplaced: llama.cpp partial offload (its predicted
-slowness in the plan), then the CPU. Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
+slowness in the plan), then the CPU. Embedding and rerank models then take what is left, a GPU with room or the
+CPU (`gateway.placement.embedding`). Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
 into more KV cache. A model that fits nowhere is refused with the closest rung's shortfall and what would make
 it fit (`gateway.placement.hints`).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import Config, GGUFSource, HFSource, ModelSpec
+from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
 from gateway.placement.hints import refusal_hints
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
@@ -71,7 +73,8 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     """Place every configured model on `inventory`. Never raises for a model that does not fit or whose
     source is missing: its decision records the refusal and every rejected rung."""
     ledger = {gpu.index: max(0, gpu.free_bytes - MARGIN_BYTES) for gpu in inventory.gpus}
-    entries = [_prepare(spec, config, inventory) for spec in config.models if spec.remote is None]
+    tasks = {spec.name: serving_task(spec, config.base_dir) for spec in config.models if spec.remote is None}
+    entries = [_prepare(spec, config, inventory) for spec in config.models if tasks.get(spec.name) == "generate"]
     order = sorted((e for e in entries if e.work is not None), key=lambda e: -e.size)
     start_order: list[_Entry] = []
     for whole in (True, False):
@@ -83,19 +86,35 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
                     start_order.append(entry)
                     for index, used in placed.estimate.gpu_bytes.items():
                         ledger[index] -= used
+    pooled = [
+        _pooled(spec, task, config, inventory, ledger)
+        for spec in config.models
+        if (task := tasks.get(spec.name, "generate")) != "generate"
+    ]
+    start_order += [e for e in pooled if e.placed is not None]  # after the generation models they fit around
     _grow_kv(start_order, ledger)
     for entry in order:
         if entry.placed is None:
             entry.refusal = _refusal(entry, ledger)
         elif entry.work is not None:
             entry.prediction = predict_placed(entry.work, entry.placed)
-    local = {e.spec.name: _decision(e) for e in entries}
+    local = {e.spec.name: _decision(e) for e in (*entries, *pooled)}
     remote = {spec.name: _remote_decision(spec) for spec in config.models if spec.remote is not None}
     return PlacementReport(
         inventory=inventory,
         decisions=[local.get(spec.name) or remote[spec.name] for spec in config.models],
         start_order=[*remote, *(e.spec.name for e in start_order)],
     )
+
+
+def _pooled(spec: ModelSpec, task: Task, config: Config, inventory: Inventory, ledger: dict[int, int]) -> _Entry:
+    """An embed/rerank model on what the generation models left (`gateway.placement.embedding`), booked."""
+    outcome = place_pooled(spec, task, config.base_dir, inventory, ledger)
+    entry = _Entry(spec, misses=outcome.misses, warnings=outcome.warnings, placed=outcome.placed,
+                   refusal=outcome.refusal)  # fmt: skip
+    for index, used in outcome.placed.estimate.gpu_bytes.items() if outcome.placed else ():
+        ledger[index] -= used
+    return entry
 
 
 def _remote_decision(spec: ModelSpec) -> ModelDecision:
