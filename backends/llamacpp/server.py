@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -222,6 +222,75 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
         raise WireError(503, str(exc), type="server_error", code="worker_unavailable") from exc
 
 
+class _Routes:
+    """The worker's HTTP handlers over one `_WorkerState`."""
+
+    def __init__(self, state: _WorkerState) -> None:
+        self.state = state
+        self.spec = state.spec
+
+    async def health(self, _request: Request) -> Response:
+        engine = self.state.engine
+        if engine is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        context = self.spec.context
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.spec.model_name,
+                "n_ctx_per_slot": context.n_ctx_per_seq,
+                "kv_cells_total": context.n_ctx_per_seq * context.n_seq_max,
+                **asdict(engine.scheduler.stats()),
+            }
+        )
+
+    async def models(self, _request: Request) -> Response:
+        # Like LMDeploy's api_server (which only listens once its engine is loaded), the model list is only
+        # offered once the model can be served: readiness checks (the LMDeploy adapter, remote sources) use it.
+        if self.state.engine is None:
+            return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
+        model = {"id": self.spec.model_name, "object": "model", "created": self.state.created, "owned_by": "voltgate"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def chat(self, request: Request) -> Response:
+        return await self.generate(request, "chat")
+
+    async def completion(self, request: Request) -> Response:
+        return await self.generate(request, "completion")
+
+    async def generate(self, request: Request, kind: Kind) -> Response:
+        engine = self.state.engine
+        if engine is None:
+            return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
+        try:
+            engine_request = _validate(await request.body(), kind)
+            prepared = await _prepare(engine, engine_request)
+            _check_length(prepared, self.spec.context.n_ctx_per_seq, kind)
+            request_id = new_id(kind)
+            tickets = _submit(engine, engine_request, prepared, request_id)
+        except WireError as exc:
+            return _error(exc)
+        render = Renderer(kind, request_id, int(time.time()), self.spec.model_name)
+        choices = [
+            Choice(i, t, ChatOutput(prepared.tool_format, prepared.tool_names), engine_request.logprobs)
+            for i, t in enumerate(tickets)
+        ]
+        if engine_request.stream:
+            frames = replies.stream(choices, render, engine_request.include_usage)
+            return _EventStream(frames, lambda: cancel_all(choices))
+        return await replies.collect(choices, render, request.receive)
+
+
+async def _prepare(engine: _Engine, request: EngineRequest) -> Prepared:
+    """Prompt tokens and grammar, off the event loop; a template or schema that refuses is a 400."""
+    try:
+        return await asyncio.to_thread(engine.prompts.prepare, request)
+    except ChatTemplateError as exc:
+        raise WireError(400, str(exc), param="messages") from exc
+    except PromptError as exc:
+        raise WireError(400, str(exc), param=exc.param) from exc
+
+
 def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
     """The worker's ASGI app; the model loads on a thread started by the lifespan."""
     state = _WorkerState(spec, on_fatal)
@@ -237,67 +306,11 @@ def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
             await asyncio.to_thread(loader.join)
             await asyncio.to_thread(state.close)
 
-    async def health(_request: Request) -> Response:
-        engine = state.engine
-        if engine is None:
-            return JSONResponse({"status": "loading"}, status_code=503)
-        stats = asdict(engine.scheduler.stats())
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": spec.model_name,
-                "n_ctx_per_slot": spec.context.n_ctx_per_seq,
-                "kv_cells_total": spec.context.n_ctx_per_seq * spec.context.n_seq_max,
-                **stats,
-            }
-        )
-
-    async def models(_request: Request) -> Response:
-        # Like LMDeploy's api_server (which only listens once its engine is loaded), the model list is only
-        # offered once the model can be served: readiness checks (the LMDeploy adapter, remote sources) use it.
-        if state.engine is None:
-            return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
-        model = {"id": spec.model_name, "object": "model", "created": state.created, "owned_by": "voltgate"}
-        return JSONResponse({"object": "list", "data": [model]})
-
-    async def generate(request: Request, kind: Kind) -> Response:
-        engine = state.engine
-        if engine is None:
-            return _error(WireError(503, "the model is still loading", type="server_error", code="worker_loading"))
-        try:
-            engine_request = _validate(await request.body(), kind)
-            try:
-                prepared = await asyncio.to_thread(engine.prompts.prepare, engine_request)
-            except ChatTemplateError as exc:
-                raise WireError(400, str(exc), param="messages") from exc
-            except PromptError as exc:
-                raise WireError(400, str(exc), param=exc.param) from exc
-            _check_length(prepared, spec.context.n_ctx_per_seq, kind)
-            request_id = new_id(kind)
-            tickets = _submit(engine, engine_request, prepared, request_id)
-        except WireError as exc:
-            return _error(exc)
-        render = Renderer(kind, request_id, int(time.time()), spec.model_name)
-        wants_logprobs = engine_request.logprobs
-        choices = [
-            Choice(i, t, ChatOutput(prepared.tool_format, prepared.tool_names), wants_logprobs)
-            for i, t in enumerate(tickets)
-        ]
-        if engine_request.stream:
-            frames = replies.stream(choices, render, engine_request.include_usage)
-            return _EventStream(frames, lambda: cancel_all(choices))
-        return await replies.collect(choices, render, request.receive)
-
-    def endpoint(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
-        async def handle(request: Request) -> Response:
-            return await generate(request, kind)
-
-        return handle
-
+    handlers = _Routes(state)
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
-        Route("/v1/completions", endpoint("completion"), methods=["POST"]),
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
+        Route("/v1/completions", handlers.completion, methods=["POST"]),
     ]
     return WorkerApp(Starlette(routes=routes, lifespan=lifespan), state.begin_shutdown)
