@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -30,7 +30,8 @@ from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
 from gateway.remote import RemoteEndpoint
-from gateway.routes import inference, messages, models, ops, responses
+from gateway.residency import Residency
+from gateway.routes import admin, inference, messages, models, ops, responses
 from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
@@ -76,9 +77,11 @@ def create_app(
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         async with httpx.AsyncClient(limits=limits, timeout=config.server.upstream_timeout_s) as client:
             registry = Registry(refused=dict(refused or {}))
+            residency = Residency.from_placement(registry, config.server, metrics, placement or {})
             for plan in plans:
-                registry.add(_deployment(plan, specs[plan.model], adapters[plan.engine], client, config, metrics))
-            service = Service(registry, client, config.server, metrics)
+                spec, adapter = specs[plan.model], adapters[plan.engine]
+                registry.add(_deployment(plan, spec, adapter, client, config, metrics, residency.on_worker_state))
+            service = Service(registry, client, config.server, metrics, residency)
             store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
             context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)
@@ -90,8 +93,7 @@ def create_app(
                 )  # fmt: skip
             for name, reason in context.registry.refused.items():
                 log.error("model %s not served: %s", name, reason)
-            for deployment in registry:
-                deployment.worker.start()
+            await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
             try:
                 yield
@@ -99,7 +101,7 @@ def create_app(
                 context.accepting = False
                 stats.cancel()
                 log.info("stopping %d worker(s)", len(registry.deployments))
-                await asyncio.gather(*(d.worker.stop(grace_s=10.0) for d in registry))
+                await residency.close()
                 store.close()
 
     app = FastAPI(
@@ -113,6 +115,7 @@ def create_app(
     app.include_router(messages.router)
     app.include_router(models.router)
     app.include_router(ops.router)
+    app.include_router(admin.router)
     _install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
@@ -135,6 +138,7 @@ def _deployment(
     client: httpx.AsyncClient,
     config: Config,
     metrics: Metrics,
+    on_worker_state: Callable[[str, WorkerState], None] | None = None,
 ) -> Deployment:
     states = [s.value for s in WorkerState]
 
@@ -142,21 +146,25 @@ def _deployment(
         metrics.set_worker_state(name, plan.engine.value, state.value, states)
         if state is WorkerState.FAILED:
             metrics.worker_restarts.labels(name).inc()
+        if on_worker_state is not None:
+            on_worker_state(name, state)
 
     worker: Worker
     if plan.remote_url is not None:
         worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
     else:
         worker = WorkerProcess(
-            plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state
-        )
+            plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state,
+            restart=spec.load == "always",  # an on-demand model's lifecycle is gateway.residency's
+        )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
     admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
     return Deployment(
-        spec.name, spec.aliases, plan, adapter, worker, admission, default_max_tokens=spec.default_max_tokens
-    )
+        spec.name, spec.aliases, plan, adapter, worker, admission, default_max_tokens=spec.default_max_tokens,
+        load=spec.load, idle_unload_s=spec.idle_unload_s,
+    )  # fmt: skip
 
 
 async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metrics: Metrics) -> None:

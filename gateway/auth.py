@@ -36,6 +36,7 @@ class Principal:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
+    scopes: tuple[str, ...] = ()  # extra rights: "admin" = the /admin API
     in_flight: int = 0
     _requests: deque[float] = field(default_factory=deque)
     _tokens: deque[tuple[float, int]] = field(default_factory=deque)
@@ -109,6 +110,7 @@ class KeyStore:
             requests_per_minute=spec.requests_per_minute,
             tokens_per_minute=spec.tokens_per_minute,
             max_concurrent=spec.max_concurrent,
+            scopes=spec.scopes,
         )
 
     @property

@@ -175,6 +175,7 @@ def keys_create(
     rpm: Annotated[int | None, typer.Option(help="requests per minute")] = None,
     tpm: Annotated[int | None, typer.Option(help="tokens per minute")] = None,
     max_concurrent: Annotated[int | None, typer.Option(help="requests in flight")] = None,
+    scopes: Annotated[list[str] | None, typer.Option("--scope", help="extra right (repeatable): admin")] = None,
 ) -> None:
     """Print a new API key once, and the config entry (hash only) to paste under `auth.keys`."""
     from gateway.auth import hash_key, new_key
@@ -183,6 +184,11 @@ def keys_create(
     entry: dict[str, object] = {"id": key_id, "sha256": hash_key(key)}
     if models:
         entry["models"] = models
+    unknown = sorted(set(scopes or ()) - {"admin"})
+    if unknown:
+        _config_error(f"--scope: unknown scope {', '.join(unknown)} (known: admin)")
+    if scopes:
+        entry["scopes"] = sorted(set(scopes))
     for name, value in (
         ("requests_per_minute", rpm),
         ("tokens_per_minute", tpm),

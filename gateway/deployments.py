@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
@@ -22,6 +23,8 @@ class Deployment:
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
     default_max_tokens: int | None = None
+    load: Literal["always", "on_demand"] = "always"
+    idle_unload_s: float | None = None
 
     @property
     def capabilities(self) -> EngineCapabilities:

@@ -23,6 +23,7 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     INVALID_API_KEY = "invalid_api_key"
     MODEL_NOT_ALLOWED = "model_not_allowed"
+    PERMISSION_DENIED = "permission_denied"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -43,6 +44,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,
     ErrorCode.INVALID_API_KEY: 401,
     ErrorCode.MODEL_NOT_ALLOWED: 403,
+    ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.MODEL_NOT_FOUND: 404,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
@@ -59,6 +61,7 @@ STATUS: dict[ErrorCode, int] = {
 TYPE: dict[ErrorCode, str] = {
     ErrorCode.INVALID_API_KEY: "authentication_error",
     ErrorCode.MODEL_NOT_ALLOWED: "permission_error",
+    ErrorCode.PERMISSION_DENIED: "permission_error",
     ErrorCode.MODEL_NOT_FOUND: "invalid_request_error",
     ErrorCode.NOT_FOUND: "invalid_request_error",
     ErrorCode.RATE_LIMITED: "rate_limit_error",
@@ -78,6 +81,7 @@ NEVER_RETRY = {
     ErrorCode.CONTEXT_LENGTH_EXCEEDED,
     ErrorCode.INVALID_API_KEY,
     ErrorCode.MODEL_NOT_ALLOWED,
+    ErrorCode.PERMISSION_DENIED,
     ErrorCode.MODEL_NOT_FOUND,
     ErrorCode.NOT_FOUND,
     ErrorCode.METHOD_NOT_ALLOWED,

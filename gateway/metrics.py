@@ -18,6 +18,7 @@ log = logging.getLogger("voltgate.metrics")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+LOAD_BUCKETS = (0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 480, 900)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)
 
 
@@ -107,12 +108,42 @@ class Metrics:
             ["model", "code"],
             registry=r,
         )
+        self.model_loads = Counter(
+            "voltgate:model_loads", "Loads of on-demand models (outcome: ok, failed)", ["model", "outcome"], registry=r
+        )
+        self.model_evictions = Counter(
+            "voltgate:model_evictions",
+            "On-demand models unloaded, by reason (idle, memory, admin)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.load_duration = Histogram(
+            "voltgate:model_load_duration_seconds", "Start of a load to its worker being ready", ["model"],
+            buckets=LOAD_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.load_wait = Histogram(
+            "voltgate:model_load_wait_seconds", "Time requests waited for their model to be loaded", ["model"],
+            buckets=LOAD_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.model_state = Gauge(
+            "voltgate:model_state", "1 for the model's residency state", ["model", "state"], registry=r
+        )
+        self.model_memory = Gauge(
+            "voltgate:model_memory_bytes",
+            "Memory a model takes per pool (host, gpu<i>): estimated by placement, measured after its load",
+            ["model", "pool", "kind"],
+            registry=r,
+        )
         if gpu:
             r.register(GpuCollector())
 
     def set_worker_state(self, model: str, engine: str, state: str, states: Sequence[str]) -> None:
         for s in states:
             self.worker_state.labels(model, engine, s).set(1.0 if s == state else 0.0)
+
+    def set_model_state(self, model: str, state: str, states: Sequence[str]) -> None:
+        for s in states:
+            self.model_state.labels(model, s).set(1.0 if s == state else 0.0)
 
     def update_worker_stats(self, model: str, health: dict[str, Any]) -> None:
         """Feed the worker's own /health counters (slots, KV cells, tokens/s) into gateway series."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerState
+from gateway.workers import WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.remote")
 
@@ -55,6 +55,11 @@ class RemoteEndpoint:
         except TimeoutError:
             return False
         return True
+
+    async def ensure_ready(self, timeout_s: float | None = None) -> None:
+        self.start()
+        if not await self.wait_ready(timeout_s):
+            raise WorkerStartError(f"endpoint {self.root_url} not answering: {self.last_error or 'no answer yet'}")
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

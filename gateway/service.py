@@ -5,7 +5,8 @@ route ─▶ Service.handle(parsed, request, ctx) ─▶ UnaryResult | StreamSes
            ├─ principal.check_model / admit       403 / 429
            ├─ capability check                    400 names the parameter
            ├─ build_engine_request                the one typed request every worker validates
-           ├─ worker.base_url()                   503 + Retry-After while loading/restarting
+           ├─ residency.check(deployment)         503 + Retry-After: a pinned worker restarting, a failed load
+           ├─ RequestScope load                   waits for an on-demand model's load (503 past load_wait_s)
            ├─ RequestScope admit                  429 + Retry-After when the queue is full
            └─ relay (stream | JSON)               worker errors normalised by the engine's adapter
 
@@ -29,14 +30,17 @@ from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.engine_requests import build_engine_request, token_limit
 from gateway.errors import ErrorCode, GatewayError
+from gateway.memory import HOST, NoProbe, Pools
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, InferenceRequest
 from gateway.relay import transport_error, upstream_error_to_gateway
+from gateway.residency import Residency
 from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
 
 __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
+PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,19 @@ class UnaryResult:
 
 
 class Service:
-    def __init__(self, registry: Registry, client: httpx.AsyncClient, settings: ServerSettings, metrics: Metrics):
+    def __init__(
+        self,
+        registry: Registry,
+        client: httpx.AsyncClient,
+        settings: ServerSettings,
+        metrics: Metrics,
+        residency: Residency | None = None,
+    ):
         self.registry = registry
         self.client = client
         self.settings = settings
         self.metrics = metrics
+        self.residency = residency or Residency(registry, settings, metrics, Pools({HOST: None}, NoProbe()))
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
 
     # -- entry point ------------------------------------------------------------------------------------
@@ -70,16 +82,18 @@ class Service:
             ctx.principal.check_model(deployment.name, deployment.aliases)
             self._check_capabilities(ctx.kind, parsed, deployment)
             body = self._engine_body(parsed, deployment)
-            deployment.worker.base_url()  # fail fast with 503 while the worker loads or restarts
+            self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
             ctx.principal.admit()
         except GatewayError as exc:
             self.refused(ctx, exc, deployment.name)
             raise
-        scope = RequestScope(deployment, ctx, self.metrics)
+        scope = RequestScope(deployment, ctx, self.metrics, self.residency)
         if parsed.stream:
+            progress = request.headers.get(PROGRESS_HEADER, self.settings.load_progress).strip().lower()
             session = StreamSession(
                 scope, client=self.client, body=body, include_usage=parsed.include_usage,
                 timeout=self._upstream_timeout, keepalive_s=self.settings.keepalive_interval_s,
+                load_wait_s=self.settings.load_wait_s, progress_data=progress == "data",
             )  # fmt: skip
             await session.open()
             return session
@@ -136,12 +150,13 @@ class Service:
         status = 500
         tokens: tuple[int, int] | None = None
         try:
-            if not scope.try_admit():
-                await scope.admit()
-            upstream = asyncio.ensure_future(self._post(scope.deployment, scope.ctx.kind, body))
+            upstream = asyncio.ensure_future(self._load_admit_post(scope, body))
             gone = asyncio.ensure_future(_wait_disconnect(request))
             try:
                 done, _ = await asyncio.wait({upstream, gone}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                upstream.cancel()  # this handler was cancelled: never leave the request running unowned
+                raise
             finally:
                 gone.cancel()
             if upstream not in done:
@@ -160,6 +175,12 @@ class Service:
             raise
         finally:
             scope.finish(status, tokens)
+
+    async def _load_admit_post(self, scope: RequestScope, body: dict[str, Any]) -> dict[str, Any]:
+        await scope.load(self.settings.load_wait_s)
+        if not scope.try_admit():
+            await scope.admit()
+        return await self._post(scope.deployment, scope.ctx.kind, body)
 
     async def _post(self, deployment: Deployment, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
         url = deployment.worker.base_url() + PATHS[kind]

@@ -1,8 +1,9 @@
 """One object per request from admission to accounting (`RequestScope`), and one per streamed request
 from admission through the upstream response to teardown (`StreamSession`).
 
-Unary and streamed requests share `RequestScope`: `try_admit()` / `admit()` take a slot, `finish()`
-releases it (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
+Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
+for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `finish()`
+releases both (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
 count and one access-log line.
 """
 
@@ -25,6 +26,7 @@ from gateway.deployments import Deployment
 from gateway.errors import GatewayError, sse_error_frame
 from gateway.metrics import Metrics
 from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
+from gateway.residency import Hold, Residency
 
 access_log = logging.getLogger("voltgate.access")
 
@@ -32,6 +34,9 @@ PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/
          RequestKind.EMBEDDING: "/v1/embeddings"}  # fmt: skip
 
 CLIENT_GONE = 499
+PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
+PROGRESS_INTERVAL_S = 1.0
+"""With progress chunks on, how often a stream waiting for a load hears where it stands."""
 
 
 @dataclass
@@ -66,22 +71,46 @@ def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, toke
 
 
 class RequestScope:
-    """A request's hold on its deployment: admission slot, the key's in-flight count, accounting.
+    """A request's hold on its deployment: the model kept in memory, admission slot, the key's in-flight
+    count, accounting.
 
     Contract: `finish()` is called exactly once per scope (later calls do nothing); it releases the slot
-    if one was taken, so every path (success, error, cancellation, disconnect) releases exactly once.
+    and the model's hold if they were taken, so every path (success, error, cancellation, disconnect)
+    releases exactly once.
     """
 
-    def __init__(self, deployment: Deployment, ctx: RequestContext, metrics: Metrics) -> None:
+    def __init__(
+        self, deployment: Deployment, ctx: RequestContext, metrics: Metrics, residency: Residency | None = None
+    ) -> None:
         self.deployment = deployment
         self.ctx = ctx
         self.metrics = metrics
+        self.residency = residency
+        self.hold: Hold | None = None
         self.admitted_at: float | None = None
         self.finished = False
 
     @property
     def model(self) -> str:
         return self.deployment.name
+
+    def try_load(self) -> bool:
+        """Hold the model if it is served now (pinned, or loaded); False when it has to be loaded first."""
+        if self.hold is None and self.residency is not None:
+            self.hold = self.residency.try_hold(self.deployment)
+        return self.hold is not None or self.residency is None
+
+    async def load(self, wait_s: float | None) -> None:
+        """Hold the model, waiting for its load (one load for every waiter) for at most `wait_s`; raises a
+        503 `GatewayError` (the load's error, or still loading) with Retry-After."""
+        if self.try_load():
+            return
+        assert self.residency is not None
+        try:
+            self.hold = await self.residency.ensure_loaded(self.deployment, wait_s=wait_s)
+        except GatewayError as exc:
+            self.metrics.rejections.labels(self.model, exc.code.value).inc()
+            raise
 
     def try_admit(self) -> bool:
         """Take a free slot without waiting; False when the request would have to queue."""
@@ -115,6 +144,8 @@ class RequestScope:
         if self.admitted_at is not None:
             self.deployment.admission.release(time.monotonic() - self.admitted_at)
             self.metrics.running.labels(self.model).set(self.deployment.admission.running)
+        if self.hold is not None:
+            self.hold.release()
         ctx, metrics, model = self.ctx, self.metrics, self.model
         ctx.principal.done((tokens[0] + tokens[1]) if tokens else 0)
         if tokens:
@@ -130,15 +161,17 @@ class RequestScope:
 
 
 class StreamSession:
-    """A streamed request: admission (with keep-alives while queued), the upstream response, the relay,
-    and one teardown.
+    """A streamed request: the model's load and admission (with SSE comments while it waits), the upstream
+    response, the relay, and one teardown.
 
-    `open()` runs before the response headers: a request that can be admitted at once and whose upstream
-    refuses it gets a real HTTP error status. One that must queue longer than a keep-alive interval gets
-    its headers and waits with SSE comments; errors after that are SSE error frames. `close()` is
-    idempotent and safe from any task: it closes the upstream (the worker aborts the generation), drops
-    or releases the admission, and accounts the request. The slot is released before the client sees
-    `[DONE]`, so a client that sends its next request at once is never queued behind its own stream.
+    `open()` runs before the response headers: a request that can be served at once and whose upstream
+    refuses it gets a real HTTP error status. One that must wait (for its model to load, or for a slot) longer
+    than a keep-alive interval gets its headers and waits with SSE comments saying what it waits for (with
+    `progress_data`, also `data:` chunks with no choices and a `voltgate_progress` object); errors after that
+    are SSE error frames. `close()` is idempotent and safe from any task: it stops the wait, closes the
+    upstream (the worker aborts the generation), drops or releases the admission and the model's hold, and
+    accounts the request. The slot is released before the client sees `[DONE]`, so a client that sends its
+    next request at once is never queued behind its own stream.
     """
 
     def __init__(
@@ -150,6 +183,8 @@ class StreamSession:
         include_usage: bool,
         timeout: httpx.Timeout,
         keepalive_s: float,
+        load_wait_s: float | None = None,
+        progress_data: bool = False,
     ) -> None:
         self.scope = scope
         self._client = client
@@ -157,26 +192,39 @@ class StreamSession:
         self._include_usage = include_usage
         self._timeout = timeout
         self._keepalive_s = keepalive_s
+        self._load_wait_s = load_wait_s
+        self._progress_data = progress_data
         self.stats = StreamStats()
         self._status = 200
         self._upstream: httpx.Response | None = None
-        self._queued: asyncio.Task[None] | None = None
+        self._pending: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        """Admit and open the upstream, or start queueing; raises `GatewayError` (before headers)."""
+        """Hold the model, admit and open the upstream, or start waiting; raises `GatewayError` (before
+        headers)."""
         try:
-            if not self.scope.try_admit():
-                self._queued = asyncio.ensure_future(self.scope.admit())
-                done, _ = await asyncio.wait({self._queued}, timeout=self._keepalive_s)
-                if not done:
-                    return  # headers go out; `frames()` keeps the client alive while queued
-                self._queued.result()
-                self._queued = None
-            await self._open_upstream()
+            if self.scope.try_load() and self.scope.try_admit():
+                await self._open_upstream()
+                return
+            headers_after_s = self._keepalive_s
+            if self._progress_data and self.scope.hold is None:
+                headers_after_s = min(headers_after_s, PROGRESS_INTERVAL_S / 2)  # show the load's progress early
+            self._pending = asyncio.ensure_future(self._prepare())
+            done, _ = await asyncio.wait({self._pending}, timeout=headers_after_s)
+            if not done:
+                return  # headers go out; `frames()` keeps the client informed while it waits
+            self._pending.result()
+            self._pending = None
         except GatewayError as exc:
             self._status = exc.status
             await self.close()
             raise
+
+    async def _prepare(self) -> None:
+        await self.scope.load(self._load_wait_s)
+        if not self.scope.try_admit():
+            await self.scope.admit()
+        await self._open_upstream()
 
     async def _open_upstream(self) -> None:
         deployment = self.scope.deployment
@@ -187,16 +235,18 @@ class StreamSession:
         except httpx.HTTPError as exc:
             raise transport_error(exc, deployment.name) from None
         if response.status_code != 200:
-            content = await response.aread()
-            await response.aclose()
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
             raise upstream_error_to_gateway(deployment.adapter.normalize_error(response.status_code, content))
         self._upstream = response
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
         """The SSE byte runs for the client; always ends with `[DONE]`."""
         try:
-            if self._queued is not None:
-                async for frame in self._wait_in_queue():
+            if self._pending is not None:
+                async for frame in self._wait_pending():
                     yield frame
                 if self._upstream is None:
                     return
@@ -215,20 +265,46 @@ class StreamSession:
         finally:
             await self.close()
 
-    async def _wait_in_queue(self) -> AsyncIterator[bytes]:
-        assert self._queued is not None
-        while not self._queued.done():
-            yield b": waiting for a free slot\n\n"
-            await asyncio.wait({self._queued}, timeout=self._keepalive_s)
+    async def _wait_pending(self) -> AsyncIterator[bytes]:
+        """While the model loads or the request queues: a comment at once, again when what it waits for
+        changes or a keep-alive interval has passed; then the upstream, or one error frame and `[DONE]`."""
+        assert self._pending is not None
+        interval = min(self._keepalive_s, PROGRESS_INTERVAL_S) if self._progress_data else self._keepalive_s
+        said, said_at = "", 0.0
+        while not self._pending.done():
+            phase, frame = self._waiting()
+            if phase != said or time.monotonic() - said_at >= interval:
+                yield frame
+                said, said_at = phase, time.monotonic()
+            await asyncio.wait({self._pending}, timeout=min(interval, PROGRESS_INTERVAL_S))
         try:
-            self._queued.result()
-            self._queued = None
-            await self._open_upstream()
+            self._pending.result()
+            self._pending = None
         except GatewayError as exc:
             self.stats.error = exc
             self._status = exc.status
             yield sse_error_frame(exc)
             yield DONE_FRAME
+
+    def _waiting(self) -> tuple[str, bytes]:
+        """What the request waits for now, and the frame(s) that say so."""
+        if self.scope.hold is not None or self.scope.residency is None:
+            return "queued", b": waiting for a free slot\n\n"
+        progress = self.scope.residency.progress(self.scope.deployment)
+        elapsed = progress.elapsed_s
+        frame = b": " + progress.text.replace("\n", " ").encode() + b"\n\n"
+        if self._progress_data:
+            kind = self.scope.ctx.kind
+            body: dict[str, Any] = {
+                "id": f"progress-{self.scope.ctx.request_id}",
+                "object": "text_completion" if kind is RequestKind.COMPLETION else "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": self.scope.model,
+                "choices": [],
+                PROGRESS_KEY: {"status": "loading", "message": progress.text, "elapsed_s": round(elapsed, 1)},
+            }
+            frame += b"data: " + json.dumps(body).encode() + b"\n\n"
+        return progress.phase, frame
 
     async def chunks(self) -> AsyncGenerator[dict[str, Any], None]:
         """The stream as parsed `data:` objects (chunks, or `{"error": ...}`), for API translation layers."""
@@ -237,18 +313,18 @@ class StreamSession:
                 if frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
                     with contextlib.suppress(ValueError):
                         data = json.loads(frame[6:])
-                        if isinstance(data, dict):
+                        if isinstance(data, dict) and PROGRESS_KEY not in data:
                             yield data
 
     async def close(self) -> None:
         if self.scope.finished:
             return
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pending
         if self._upstream is not None:
             await self._upstream.aclose()
-        if self._queued is not None and not self._queued.done():
-            self._queued.cancel()
-            with contextlib.suppress(BaseException):
-                await self._queued
         if self.scope.finished:  # finished while we awaited
             return
         self.scope.finish(self._final_status(), self._tokens(), self.stats)

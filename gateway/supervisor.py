@@ -11,6 +11,9 @@ exponential backoff, 1 s doubling to 60 s, so an OOM crash loop cannot spin. A w
 for `healthy_reset_s` (30 s by default) when it died starts again from 1 s: a crash after a while of
 serving is a new incident, not part of a loop. That healthy time counts from READY, not from launch, so a
 model that loads for minutes and dies as soon as it is up keeps backing off.
+
+With `restart=False` (models loaded on demand, whose lifecycle `gateway.residency` owns) a failed start or
+an unexpected exit leaves the worker FAILED: the next `start()` or `ensure_ready()` tries again.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import httpx
 
 from backends.base import LaunchSpec
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerState
+from gateway.workers import WorkerStartError, WorkerState
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerState", "pick_free_port"]
 
@@ -42,10 +45,6 @@ BACKOFF_MAX_S = 60.0
 HEALTHY_RESET_S = 30.0
 """Default `healthy_reset_s`: READY this long before a crash, and the next restart waits BACKOFF_INITIAL_S."""
 LOG_TAIL_LINES = 40
-
-
-class WorkerStartError(Exception):
-    """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines."""
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
@@ -76,6 +75,7 @@ class WorkerProcess:
         host: str = "127.0.0.1",
         on_state: Callable[[str, WorkerState], None] | None = None,
         healthy_reset_s: float = HEALTHY_RESET_S,
+        restart: bool = True,
     ) -> None:
         self.name = name
         self._spec_for_port = spec_for_port
@@ -96,6 +96,9 @@ class WorkerProcess:
         self._healthy_reset_s = healthy_reset_s
         self._next_start_at: float | None = None
         self._log_task: asyncio.Task[None] | None = None
+        self._restart = restart
+        self._failures = 0  # FAILED transitions so far: how `ensure_ready` tells "this start failed"
+        self._changed = asyncio.Event()  # set (and replaced) on every state change
 
     # -- public -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,6 +113,24 @@ class WorkerProcess:
         except TimeoutError:
             return False
         return True
+
+    async def ensure_ready(self, timeout_s: float | None = None) -> None:
+        """Start unless running, then wait for READY; raise `WorkerStartError` if this start fails (the
+        supervisor may still retry it, with backoff, when `restart` is on), times out or is stopped."""
+        failures = self._failures
+        self.start()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.state is not WorkerState.READY:
+            if self._failures > failures:
+                raise WorkerStartError(self.last_error or "failed to start")
+            if self._stopping:
+                raise WorkerStartError("stopped before it was ready")
+            changed = self._changed
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WorkerStartError(f"not ready after {timeout_s:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
 
     def base_url(self) -> str:
         """The worker's URL when READY; otherwise a 503 with Retry-After saying why."""
@@ -149,6 +170,10 @@ class WorkerProcess:
             self._ready.set()
         else:
             self._ready.clear()
+        if state is WorkerState.FAILED:
+            self._failures += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
         log.info("worker %s: %s", self.name, state.value)
         if self._on_state is not None:
             self._on_state(self.name, state)
@@ -176,6 +201,8 @@ class WorkerProcess:
             if self._stopping:
                 return
             self._set_state(WorkerState.FAILED)
+            if not self._restart:
+                return
             if ready_at is not None and time.monotonic() - ready_at >= self._healthy_reset_s:
                 self._backoff_s = BACKOFF_INITIAL_S  # it served for a while: not a crash loop
             delay = self._backoff_s

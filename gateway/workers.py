@@ -17,6 +17,10 @@ Race semantics, as llama-swap documents its `Process`:
 * `start()` is idempotent and returns at once: the first call begins loading in the background, later
   calls (while it loads or runs) do nothing.
 * `wait_ready()` waits for READY without changing anything; a timeout is not an error, it returns False.
+* `ensure_ready()` is llama-swap's EnsureReady: it starts the worker if it is not running and waits for
+  the outcome of that start (READY, or the failure with its reason, or the timeout), deciding inside the
+  state machine: READY returns at once, a start in progress is joined, a stop in progress is not (it
+  raises). Callers that need the worker serving use it instead of reading `state` and calling `start()`.
 * `stop()` is safe in every state, concurrently with `start()` and with requests in flight, and
   idempotent. After it returns, `base_url()` raises (503 shutting down) until the next `start()`.
 * `state` is for display (/health, /v1/models, metrics), never a precondition.
@@ -26,6 +30,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Protocol
+
+
+class WorkerStartError(Exception):
+    """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines."""
 
 
 class WorkerState(StrEnum):
@@ -51,6 +59,11 @@ class Worker(Protocol):
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """True once READY; False after `timeout_s`. Changes nothing."""
+        ...
+
+    async def ensure_ready(self, timeout_s: float | None = None) -> None:
+        """Start if needed and wait until READY; raise `WorkerStartError` with the reason when this start
+        fails, when it is not ready within `timeout_s`, or when the worker is stopped meanwhile."""
         ...
 
     def base_url(self) -> str:

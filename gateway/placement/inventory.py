@@ -192,3 +192,28 @@ def host_memory_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+HOST_BUDGET_FRACTION = 0.8
+"""Without `server.memory_budget_bytes`, models may hold this much of the memory available at start."""
+
+
+def host_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable (memory that can be had without swapping, page cache included), or None off Linux."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def host_budget_bytes(configured: int | None) -> int | None:
+    """The host memory models may hold: the configured budget, else 80 % of MemAvailable now (else of the
+    physical memory), or None where neither is known."""
+    if configured is not None:
+        return configured
+    available = host_available_bytes() or host_memory_bytes()
+    return int(available * HOST_BUDGET_FRACTION) if available else None

@@ -23,7 +23,7 @@ from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
 from gateway.placement.hints import refusal_hints
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
-from gateway.placement.inventory import GPU, Inventory
+from gateway.placement.inventory import GPU, Inventory, host_budget_bytes
 from gateway.placement.ladder import Option, RuledOut, climb, llamacpp_options, predict_placed, turbomind_options
 from gateway.placement.performance import Prediction
 from gateway.placement.report import Alternative, ModelDecision, PlacementReport, Rejection
@@ -39,6 +39,7 @@ from gateway.placement.rungs import (
     try_llamacpp_cpu,
     try_llamacpp_partial,
 )
+from gateway.placement.swapping import plan_residency
 
 SIMULATED_HOST_THREADS = 8
 """llama.cpp threads a simulated layout's host is taken to give the CPU layers (a 16-core host; the worker
@@ -71,10 +72,14 @@ class _Entry:
 
 def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     """Place every configured model on `inventory`. Never raises for a model that does not fit or whose
-    source is missing: its decision records the refusal and every rejected rung."""
+    source is missing: its decision records the refusal and every rejected rung.
+
+    Pinned models (`load: always`) are placed together; each on-demand model is placed on its own against
+    what the pinned set leaves (`gateway.placement.swapping` then says which can share memory)."""
     ledger = {gpu.index: max(0, gpu.free_bytes - MARGIN_BYTES) for gpu in inventory.gpus}
     tasks = {spec.name: serving_task(spec, config.base_dir) for spec in config.models if spec.remote is None}
-    entries = [_prepare(spec, config, inventory) for spec in config.models if tasks.get(spec.name) == "generate"]
+    pinned = [spec for spec in config.models if spec.load == "always"]
+    entries = [_prepare(spec, config, inventory) for spec in pinned if tasks.get(spec.name) == "generate"]
     order = sorted((e for e in entries if e.work is not None), key=lambda e: -e.size)
     start_order: list[_Entry] = []
     for whole in (True, False):
@@ -88,23 +93,44 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
                         ledger[index] -= used
     pooled = [
         _pooled(spec, task, config, inventory, ledger)
-        for spec in config.models
+        for spec in pinned
         if (task := tasks.get(spec.name, "generate")) != "generate"
     ]
     start_order += [e for e in pooled if e.placed is not None]  # after the generation models they fit around
-    _grow_kv(start_order, ledger)
+    left = dict(ledger)  # what the pinned set leaves: each on-demand model is placed on it alone
+    swapped = [_place_alone(spec, tasks.get(spec.name, "generate"), config, inventory, left)
+               for spec in config.models if spec.load == "on_demand"]  # fmt: skip
+    _grow_kv(start_order, ledger, [e for e in swapped if e.placed is not None])
     for entry in order:
         if entry.placed is None:
             entry.refusal = _refusal(entry, ledger)
         elif entry.work is not None:
             entry.prediction = predict_placed(entry.work, entry.placed)
-    local = {e.spec.name: _decision(e) for e in (*entries, *pooled)}
+    local = {e.spec.name: _decision(e) for e in (*entries, *pooled, *swapped)}
     remote = {spec.name: _remote_decision(spec) for spec in config.models if spec.remote is not None}
-    return PlacementReport(
+    report = PlacementReport(
         inventory=inventory,
         decisions=[local.get(spec.name) or remote[spec.name] for spec in config.models],
-        start_order=[*remote, *(e.spec.name for e in start_order)],
+        start_order=[*remote, *(e.spec.name for e in start_order), *(e.spec.name for e in swapped if e.placed)],
     )
+    return plan_residency(report, config.models, host_budget_bytes(config.server.memory_budget_bytes), left)
+
+
+def _place_alone(spec: ModelSpec, task: Task, config: Config, inventory: Inventory, left: dict[int, int]) -> _Entry:
+    """An on-demand model on what the pinned set leaves, as if no other on-demand model were loaded."""
+    if task != "generate":
+        return _pooled(spec, task, config, inventory, dict(left))
+    entry = _prepare(spec, config, inventory)
+    if entry.work is None:
+        return entry
+    ledger = dict(left)
+    for whole in (True, False):
+        entry.placed = _climb(entry, ledger, whole=whole)
+        if entry.placed is not None:
+            entry.prediction = predict_placed(entry.work, entry.placed)
+            return entry
+    entry.refusal = _refusal(entry, ledger)
+    return entry
 
 
 def _pooled(spec: ModelSpec, task: Task, config: Config, inventory: Inventory, ledger: dict[int, int]) -> _Entry:
@@ -332,10 +358,11 @@ def _first(entry: _Entry, rungs: list[tuple[str, Attempt]], session: int) -> Pla
     return None
 
 
-def _grow_kv(started: list[_Entry], ledger: dict[int, int]) -> None:
-    """Spare memory becomes KV cache for TurboMind workers alone on their GPUs (shared GPUs keep it free)."""
+def _grow_kv(started: list[_Entry], ledger: dict[int, int], on_demand: list[_Entry]) -> None:
+    """Spare memory becomes KV cache for pinned TurboMind workers alone on their GPUs (shared GPUs, also
+    with an on-demand model, keep it free)."""
     users: dict[int, int] = {}
-    for entry in started:
+    for entry in (*started, *on_demand):
         assert entry.placed is not None
         for index in entry.placed.estimate.gpu_bytes:
             users[index] = users.get(index, 0) + 1
@@ -382,6 +409,7 @@ def _decision(entry: _Entry) -> ModelDecision:
             warnings=entry.warnings,
             refusal=entry.refusal or "not placed",
             objective=entry.spec.objective,
+            load=entry.spec.load,
         )
     return ModelDecision(
         model=entry.spec.name,
@@ -395,4 +423,5 @@ def _decision(entry: _Entry) -> ModelDecision:
         objective=entry.spec.objective,
         prediction=entry.prediction,
         alternatives=entry.alternatives,
+        load=entry.spec.load,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -50,6 +50,24 @@ class ModelDecision(BaseModel):
     objective: Objective = "throughput"
     prediction: Prediction | None = Field(default=None, description="predicted speed of the chosen plan")
     alternatives: list[Alternative] = Field(default_factory=list, description="fits that were not chosen")
+    load: Literal["always", "on_demand"] = Field(default="always", description="the model's residency setting")
+    residency: Literal["resident", "swaps"] | None = Field(
+        default=None, description="resident: in memory from boot (pinned); swaps: loaded on demand, evictable"
+    )
+    co_resident: list[str] = Field(
+        default_factory=list, description="on-demand models this one fits beside (two at once, beside the pinned set)"
+    )
+
+
+class ResidencySummary(BaseModel):
+    """Memory per pool (`host`, `gpu<i>`) for on-demand models: the budget, what the pinned set holds
+    (estimated), and what it leaves; `None` where the budget is not known."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_bytes: dict[str, int | None] = Field(default_factory=dict)
+    pinned_bytes: dict[str, int] = Field(default_factory=dict)
+    left_bytes: dict[str, int | None] = Field(default_factory=dict)
 
 
 class PlacementReport(BaseModel):
@@ -62,6 +80,7 @@ class PlacementReport(BaseModel):
     inventory: Inventory
     decisions: list[ModelDecision]
     start_order: list[str] = Field(default_factory=list)
+    residency: ResidencySummary | None = Field(default=None, description="memory left for on-demand models")
 
     @property
     def plans(self) -> list[DeploymentPlan]:
@@ -137,12 +156,13 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
         table.add_column(column, overflow="fold", no_wrap=column in ("GPUs", "ctx x seqs"))
     for d in report.decisions:
         plan = d.plan
+        name = Text(d.model) + (Text("\n(on demand)", style="cyan") if d.load == "on_demand" else Text(""))
         if plan is None:
-            table.add_row(d.model, Text("refused", style="bold red"), "", "", "", "see below", "")
+            table.add_row(name, Text("refused", style="bold red"), "", "", "", "see below", "")
             continue
         engine = "TurboMind" if plan.engine is EngineName.LMDEPLOY else "llama.cpp"
         table.add_row(
-            d.model,
+            name,
             Text(engine, style="bold green") + Text("\n" + _precision(plan)),
             plan.source_path.name,
             _where(plan),
@@ -168,5 +188,36 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
             console.print(Text(line, style="dim"))
         if d.refusal:
             console.print(Text(f"  refused: {d.refusal}", style="red"))
-    if len(report.start_order) > 1:
-        console.print(Text("start order: " + " -> ".join(report.start_order), style="dim"))
+    pinned = [d.model for d in report.decisions if d.load == "always" and d.model in report.start_order]
+    if len(pinned) > 1:
+        console.print(Text("start order: " + " -> ".join(pinned), style="dim"))
+    if any(d.load == "on_demand" for d in report.decisions):
+        render_residency(report, console)
+
+
+def render_residency(report: PlacementReport, console: Console) -> None:
+    """Which models stay in memory, which are loaded on demand and beside which, which never can be."""
+    summary = report.residency or ResidencySummary()
+    parts = []
+    for pool in sorted(summary.budget_bytes):
+        budget, left = summary.budget_bytes[pool], summary.left_bytes.get(pool)
+        label = "host" if pool == "host" else f"GPU {pool.removeprefix('gpu')}"
+        if budget is None:
+            parts.append(f"{label}: no budget known")
+        else:
+            held = summary.pinned_bytes.get(pool, 0)
+            parts.append(f"{label} {_gib(budget)} GiB, pinned {_gib(held)}, left {_gib(left or 0)}")
+    console.print(Text("residency (memory for on-demand models: " + "; ".join(parts) + ")", style="bold"))
+    for d in report.decisions:
+        if d.residency == "resident":
+            line = "resident: loaded at start, never unloaded (load: always)"
+        elif d.residency == "swaps":
+            beside = ", ".join(d.co_resident) if d.co_resident else "no other on-demand model (one at a time)"
+            line = f"swaps: loaded on demand, evicted when another needs the memory; fits beside {beside}"
+        elif d.load == "on_demand":
+            refusal = d.refusal or "not placed"
+            line = refusal if refusal.startswith("can never") else f"can never be loaded: {refusal}"
+        else:
+            continue
+        style = "red" if d.residency is None else None
+        console.print(Text(f"  {d.model}: {line}", style=style or ""))

@@ -29,7 +29,7 @@ from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.inference import begin, model_hint, render
 from gateway.service import StreamSession, UnaryResult
-from gateway.translate import MessagesStream, encode_event, messages, new_id, parse_body
+from gateway.translate import MessagesStream, encode_events, messages, new_id, parse_body
 from gateway.translate.params import MESSAGES, chat_request, renamed
 
 log = logging.getLogger("voltgate")
@@ -65,25 +65,21 @@ def _status(error: dict[str, Any]) -> int:
 async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator[bytes]:
     """The Messages event stream over the session's chat chunks; the session is closed by the caller."""
     stream = MessagesStream(req, message_id=new_id("msg"))
-    yield _sse(stream.start())
+    yield encode_events(stream.start())
     async with contextlib.aclosing(session.chunks()) as chunks:
         async for chunk in chunks:
             error = chunk.get("error")
             if isinstance(error, dict):  # the chat stream broke after its headers were sent
-                yield _sse(stream.fail(_status(error), str(error.get("message") or "the generation failed")))
+                yield encode_events(stream.fail(_status(error), str(error.get("message") or "the generation failed")))
                 return
             try:
                 events = stream.feed(chunk)
             except GatewayError as exc:  # the model's output cannot be streamed as Messages events
-                yield _sse(stream.fail(exc.status, exc.message))
+                yield encode_events(stream.fail(exc.status, exc.message))
                 return
             if events:
-                yield _sse(events)
-    yield _sse(stream.finish())
-
-
-def _sse(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(encode_event(event) for event in events)
+                yield encode_events(events)
+    yield encode_events(stream.finish())
 
 
 async def _submit(

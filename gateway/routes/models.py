@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import Model, ModelList
-from gateway.routes.context import app_context
+from gateway.routes.context import AppContext, app_context
 
 router = APIRouter()
 
@@ -18,11 +20,11 @@ async def list_models(request: Request) -> JSONResponse:
     app = app_context(request)
     principal = app.keys.authenticate(request.headers.get("authorization"))
     data = [
-        _model(d)
+        _with_status(app, d)
         for d in app.registry
         if not principal.models or d.name in principal.models or set(d.aliases) & set(principal.models)
     ]
-    return JSONResponse(ModelList(data=data).model_dump(mode="json"))
+    return JSONResponse({**ModelList().model_dump(mode="json"), "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -34,7 +36,12 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
         principal.check_model(deployment.name, deployment.aliases)
     except GatewayError:
         raise GatewayError(ErrorCode.MODEL_NOT_FOUND, f"The model {model_id!r} does not exist", param="model") from None
-    return JSONResponse(_model(deployment).model_dump(mode="json"))
+    return JSONResponse(_with_status(app, deployment))
+
+
+def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
+    """The entry with the extension field `status`: unloaded, loading, ready, draining or failed."""
+    return {**_model(deployment).model_dump(mode="json"), "status": app.service.residency.state(deployment).value}
 
 
 def _model(deployment: Deployment) -> Model:

@@ -26,11 +26,15 @@ async def ready(request: Request) -> JSONResponse:
             "restarts": d.worker.restarts,
             "running": d.admission.running,
             "waiting": d.admission.waiting,
+            "load": d.load,
+            "status": app.service.residency.state(d).value,
             **({"error": d.worker.last_error} if d.worker.last_error else {}),
         }
         for d in app.registry
     }
-    not_ready = sorted(name for name, m in models.items() if m["state"] != WorkerState.READY.value)
+    # An on-demand model is loaded by its first request: being unloaded does not make the gateway unready.
+    pinned = {d.name for d in app.registry if d.load == "always"}
+    not_ready = sorted(n for n, m in models.items() if n in pinned and m["state"] != WorkerState.READY.value)
     refused = dict(app.registry.refused)
     ok = not not_ready and not refused and app.accepting
     body: dict[str, object] = {

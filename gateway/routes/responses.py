@@ -31,7 +31,7 @@ from gateway.routes.context import AppContext, app_context
 from gateway.routes.inference import begin, body_schema, model_hint, render
 from gateway.service import StreamSession
 from gateway.store import NotFound, ResponseStore
-from gateway.translate import ResponsesStream, encode_event, new_id, parse_body, responses
+from gateway.translate import ResponsesStream, encode_events, new_id, parse_body, responses
 from gateway.translate.params import RESPONSES, chat_request, renamed
 
 log = logging.getLogger("voltgate")
@@ -70,7 +70,7 @@ class _Turn:
     async def events(self, session: StreamSession) -> AsyncIterator[bytes]:
         """The Responses event stream over the session's chat chunks; the session is closed by the caller."""
         stream = ResponsesStream(self.req, response_id=self.response_id, created_at=self.created_at)
-        yield _sse(stream.start())
+        yield encode_events(stream.start())
         ending: list[dict[str, Any]] | None = None
         async with contextlib.aclosing(session.chunks()) as chunks:
             try:
@@ -82,7 +82,7 @@ class _Turn:
                         break
                     events = stream.feed(chunk)
                     if events:
-                        yield _sse(events)
+                        yield encode_events(events)
             except GatewayError as exc:  # the model's output cannot be streamed as Responses events
                 ending = stream.fail(exc.message, exc.code.value)
         if ending is None:
@@ -91,11 +91,7 @@ class _Turn:
             await self.save(stream.final_response())
         except (sqlite3.Error, OSError):  # the answer is out already; a follow-up turn will get 400
             log.exception("could not store response %s", self.response_id)
-        yield _sse(ending)
-
-
-def _sse(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(encode_event(event) for event in events)
+        yield encode_events(ending)
 
 
 async def _history(store: ResponseStore, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:

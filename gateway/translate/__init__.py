@@ -10,6 +10,15 @@ from gateway.translate.ids import new_id
 from gateway.translate.messages_stream import MessagesStream
 from gateway.translate.parsing import parse_body
 from gateway.translate.responses_stream import ResponsesStream
-from gateway.translate.sse import encode_event
+from gateway.translate.sse import encode_event, encode_events
 
-__all__ = ["MessagesStream", "ResponsesStream", "encode_event", "messages", "new_id", "parse_body", "responses"]
+__all__ = [
+    "MessagesStream",
+    "ResponsesStream",
+    "encode_event",
+    "encode_events",
+    "messages",
+    "new_id",
+    "parse_body",
+    "responses",
+]

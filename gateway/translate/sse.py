@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -12,3 +12,8 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
     Anthropic's Messages API frame their streams (neither sends a `[DONE]` terminator)."""
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+def encode_events(events: Iterable[Mapping[str, Any]]) -> bytes:
+    """Several events, framed one after another (one write to the client)."""
+    return b"".join(encode_event(event) for event in events)

@@ -34,6 +34,12 @@ DOCUMENTED = {
     "voltgate:worker_kv_cells_used": "gauge",
     "voltgate:worker_kv_cells": "gauge",
     "voltgate:worker_generation_tokens_per_second": "gauge",
+    "voltgate:model_loads": "counter",
+    "voltgate:model_evictions": "counter",
+    "voltgate:model_load_duration_seconds": "histogram",
+    "voltgate:model_load_wait_seconds": "histogram",
+    "voltgate:model_state": "gauge",
+    "voltgate:model_memory_bytes": "gauge",
 }
 GPU_SERIES = {"voltgate:gpu_memory_used_bytes", "voltgate:gpu_memory_total_bytes", "voltgate:gpu_utilization_ratio"}
 
@@ -68,6 +74,12 @@ def exercise(metrics: Metrics) -> None:
     metrics.update_worker_stats(
         "m", {"slots": 4, "slots_busy": 1, "kv_cells_used": 40, "kv_cells_total": 4096, "tokens_per_second": 95.5}
     )
+    metrics.model_loads.labels("m", "ok").inc()
+    metrics.model_evictions.labels("m", "idle").inc()
+    metrics.load_duration.labels("m").observe(1.2)
+    metrics.load_wait.labels("m").observe(1.1)
+    metrics.set_model_state("m", "ready", ["unloaded", "loading", "ready", "draining", "failed"])
+    metrics.model_memory.labels("m", "host", "measured").set(2e8)
 
 
 def test_every_documented_metric_is_exported_with_its_type() -> None:
@@ -87,6 +99,7 @@ def test_counters_end_in_total_and_carry_bounded_labels() -> None:
     assert value(metrics, "voltgate:worker_restarts_total", model="m") == 1
     assert value(metrics, "voltgate:time_to_first_token_seconds_count", model="m") == 1
     allowed = {"model", "endpoint", "status", "code", "engine", "state", "le", "gpu", "name"}
+    allowed |= {"outcome", "reason", "pool", "kind"}  # residency: loads, evictions, memory (all bounded)
     for _, labels in samples(metrics):
         assert {k for k, _ in labels} <= allowed
 

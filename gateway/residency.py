@@ -1,0 +1,663 @@
+"""Which models are in memory: pinned ones from boot, on-demand ones loaded by their first request,
+unloaded when idle, and evicted least recently used first when another needs the room.
+
+One on-demand model's life (`ModelState`):
+
+    UNLOADED ─request─▶ LOADING ─worker READY─▶ READY ─idle / evicted / admin─▶ DRAINING ─no requests─▶ UNLOADED
+        ▲                  │                      ▲                               │ drain bound passed:
+        │                  ▼ start failed,        └───────────────────────────────┘ back to READY, nothing killed
+        └── backoff ──── FAILED   no room         (a crash while READY is FAILED too)
+
+Pinned models (`load: always`) are started at boot and never unloaded; their worker's own supervisor
+restarts them, and their state here is their worker's. They hold memory in every decision.
+
+Contracts (callers never read a state to decide; every decision is made here):
+* `ensure_loaded(deployment)` returns a `Hold` once the model is READY: at once when it is, otherwise it
+  joins the one load in progress or starts it. Concurrent requests for a loading model wait on one load;
+  a failed load raises its reason in every waiter. A hold is granted in the same step the model becomes
+  READY, so a model just loaded cannot be evicted before its waiters use it.
+* A model with holds (requests admitted, queued for a slot or at the worker) is never stopped. To make
+  room, idle models go first, least recently used first; a busy one is drained (it takes no new holds, its
+  new requests wait for its next load) for at most `drain_timeout_s`, then left READY if still busy.
+* One memory change at a time: loads and unloads run one after another under one lock, so what is
+  measured before and after a load is that model's, and two loads never count on the same free bytes.
+* A failed load is remembered with its error and returned at once until its backoff (5 s doubling to
+  5 min) has passed; the next request after that tries again. An admin load tries at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gateway.config import ServerSettings
+from gateway.deployments import Deployment, Registry
+from gateway.errors import ErrorCode, GatewayError
+from gateway.memory import HOST, MemoryProbe, ModelMemory, Pools, estimates_from_placement, gib, pool_label
+from gateway.metrics import Metrics
+from gateway.workers import WorkerStartError, WorkerState
+
+__all__ = ["Hold", "ModelState", "Progress", "Residency"]
+
+log = logging.getLogger("voltgate.residency")
+
+BACKOFF_INITIAL_S = 5.0
+BACKOFF_MAX_S = 300.0
+HEALTHY_RESET_S = 30.0
+"""A model that crashes after serving this long starts its backoff again from the beginning."""
+REAP_INTERVAL_S = 0.5
+MEASURE_INTERVAL_S = 5.0
+GPU_RECOVERY_S = 5.0
+"""After an unload, how long a GPU may take to show the freed memory before a load is refused."""
+STOP_GRACE_S = 10.0
+
+
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+_WORKER_STATES = {
+    WorkerState.STOPPED: ModelState.UNLOADED,
+    WorkerState.STARTING: ModelState.LOADING,
+    WorkerState.READY: ModelState.READY,
+    WorkerState.STOPPING: ModelState.DRAINING,
+    WorkerState.FAILED: ModelState.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a load stands: `phase` changes with each step (making room, starting the worker)."""
+
+    model: str
+    phase: str
+    elapsed_s: float
+
+    @property
+    def text(self) -> str:
+        return f"loading model {self.model!r}: {self.phase} ({self.elapsed_s:.0f} s)"
+
+
+class Hold:
+    """A request's claim on a loaded model: while any is held the model is not unloaded. `release()` is
+    idempotent; the request's `RequestScope.finish()` calls it on every path."""
+
+    def __init__(self, residency: Residency, entry: _Entry) -> None:
+        self._residency = residency
+        self._entry = entry
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._residency._released(self._entry)
+
+
+@dataclass(eq=False)
+class _Entry:
+    deployment: Deployment
+    memory: ModelMemory
+    state: ModelState = ModelState.UNLOADED
+    holds: int = 0
+    pending: set[asyncio.Future[Hold]] = field(default_factory=set)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float | None = None
+    last_used_wall: float | None = None
+    load_task: asyncio.Task[None] | None = None
+    reaping: bool = False
+    progress: str | None = None
+    phase_started: float = 0.0
+    loads: int = 0
+    last_load_s: float | None = None
+    ready_at: float | None = None
+    error: str | None = None
+    retry_at: float | None = None
+    failures: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.deployment.name
+
+    @property
+    def pinned(self) -> bool:
+        return self.deployment.load == "always"
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+
+class Residency:
+    """The residency manager: see the module docstring for the state machine and its contracts."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: ServerSettings,
+        metrics: Metrics,
+        pools: Pools,
+        memory: Mapping[str, ModelMemory] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._settings = settings
+        self._metrics = metrics
+        self.pools = pools
+        self._memory = dict(memory or {})
+        self._entries: dict[str, _Entry] = {}
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @classmethod
+    def from_placement(
+        cls,
+        registry: Registry,
+        settings: ServerSettings,
+        metrics: Metrics,
+        placement: Mapping[str, Any],
+        probe: MemoryProbe | None = None,
+    ) -> Residency:
+        """Budgets and estimates from the placement report the gateway was started with."""
+        inventory, estimates = estimates_from_placement(placement)
+        pools = Pools.from_inventory(inventory, settings.memory_budget_bytes, probe)
+        memory = {name: ModelMemory.from_estimate(estimate) for name, estimate in estimates.items()}
+        return cls(registry, settings, metrics, pools, memory)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the pinned models (those on GPUs one at a time, in plan order, each measured) and the
+        idle reaper. Returns at once; loading happens in the background."""
+        pinned = [e for e in self._all() if e.pinned]
+        on_gpus = [e for e in pinned if e.memory.gpu_indices]
+        for entry in pinned:
+            if entry not in on_gpus:
+                entry.deployment.worker.start()
+        self._spawn(self._boot(on_gpus), "residency:boot")
+        self._spawn(self._reap_loop(), "residency:reaper")
+
+    async def close(self) -> None:
+        """Stop the reaper and any load, fail every waiter (503 shutting down), stop every worker."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        for entry in self._all():
+            if entry.load_task is not None:
+                entry.load_task.cancel()
+        tasks = [*self._tasks, *(e.load_task for e in self._all() if e.load_task is not None)]
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for entry in self._all():
+            self._fail_pending(entry, lambda: GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"))
+        await asyncio.gather(*(e.deployment.worker.stop(grace_s=STOP_GRACE_S) for e in self._all()))
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def check(self, deployment: Deployment) -> None:
+        """Fail fast, before a request is admitted: a pinned model's worker answers (503 while it starts or
+        restarts); an on-demand model's remembered failed load is returned at once until its backoff ends."""
+        entry = self._entry(deployment)
+        if entry.pinned:
+            deployment.worker.base_url()
+        else:
+            self._raise_if_failed(entry)
+
+    def try_hold(self, deployment: Deployment) -> Hold | None:
+        """A hold at once when the model is served now (pinned, or READY); None when it must be loaded."""
+        entry = self._entry(deployment)
+        if entry.pinned or entry.state is ModelState.READY:
+            return self._grant(entry)
+        return None
+
+    async def ensure_loaded(self, deployment: Deployment, *, wait_s: float | None = None) -> Hold:
+        """Return a `Hold` on the model once it is READY, loading it (one load for every waiter) if needed.
+
+        Raises a 503 `GatewayError` with Retry-After: the load's error (to every waiter), a remembered
+        failure still in its backoff, or "still loading" after `wait_s` (the load itself goes on)."""
+        hold = self.try_hold(deployment)
+        if hold is not None:
+            return hold
+        entry = self._entry(deployment)
+        self._raise_if_failed(entry)
+        waiter: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
+        entry.pending.add(waiter)
+        self._kick(entry)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), wait_s)
+        except TimeoutError:
+            entry.pending.discard(waiter)
+            if not waiter.done():  # else it was decided in the same instant: that answer stands
+                raise self._still_loading(entry, time.monotonic() - started) from None
+        except asyncio.CancelledError:
+            entry.pending.discard(waiter)
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                waiter.result().release()
+            raise
+        finally:
+            self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
+        return waiter.result()
+
+    def progress(self, deployment: Deployment) -> Progress:
+        """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
+        entry = self._entry(deployment)
+        return Progress(entry.name, entry.progress or "loading", time.monotonic() - entry.phase_started)
+
+    def state(self, deployment: Deployment) -> ModelState:
+        """For display (/v1/models, /ready, /admin/models); never a precondition."""
+        entry = self._entry(deployment)
+        if entry.pinned:
+            return _WORKER_STATES[deployment.worker.state]
+        if entry.state is ModelState.READY and deployment.worker.state is not WorkerState.READY:
+            return ModelState.FAILED  # it died a moment ago; `on_worker_state` is about to record it
+        return entry.state
+
+    def on_worker_state(self, name: str, state: WorkerState) -> None:
+        """Called on every worker state change: an on-demand worker that dies while serving frees its memory
+        and is FAILED (with backoff) until a request loads it again."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        self._publish(entry)
+        if entry.pinned or state is not WorkerState.FAILED:
+            return
+        if entry.state in (ModelState.READY, ModelState.DRAINING):
+            if entry.ready_at is not None and time.monotonic() - entry.ready_at >= HEALTHY_RESET_S:
+                entry.failures = 0
+            reason = entry.deployment.worker.last_error or "the worker exited"
+            self._failed(entry, f"model {name!r} stopped while serving: {reason}")
+
+    # -- admin ------------------------------------------------------------------------------------------
+    async def load(self, deployment: Deployment) -> None:
+        """Load now (an admin request): a remembered failure does not wait for its backoff."""
+        entry = self._entry(deployment)
+        if entry.pinned:
+            return
+        if entry.state is ModelState.FAILED:
+            entry.retry_at = None
+        hold = await self.ensure_loaded(deployment, wait_s=self._settings.startup_timeout_s)
+        hold.release()
+
+    async def unload(self, deployment: Deployment) -> None:
+        """Unload now (an admin request), draining requests in flight up to `drain_timeout_s`."""
+        entry = self._entry(deployment)
+        if entry.pinned:
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"model {entry.name!r} is pinned (load: always): it is never unloaded",
+                param="model",
+            )
+        async with self._lock:
+            if entry.state is ModelState.READY:
+                await self._unload(entry, "admin", f"an admin asked to unload {entry.name!r}")
+
+    def describe(self, deployment: Deployment) -> dict[str, Any]:
+        """The admin view of one model."""
+        entry = self._entry(deployment)
+        now = time.monotonic()
+        memory = {
+            pool: {
+                "estimated_bytes": entry.memory.estimated.get(pool),
+                "measured_bytes": entry.memory.measured.get(pool),
+            }
+            for pool in sorted({*entry.memory.estimated, *entry.memory.measured})
+        }
+        return {
+            "model": entry.name,
+            "load": deployment.load,
+            "state": self.state(deployment).value,
+            "worker": deployment.worker.state.value,
+            "idle_unload_s": deployment.idle_unload_s,
+            "in_flight": entry.holds,
+            "waiting": len(entry.pending),
+            "last_used": _iso(entry.last_used_wall),
+            "idle_s": round(now - entry.last_used, 1) if entry.last_used is not None and not entry.holds else None,
+            "memory": memory,
+            "loads": entry.loads,
+            "last_load_s": round(entry.last_load_s, 2) if entry.last_load_s is not None else None,
+            "progress": self.progress(deployment).text if entry.state is ModelState.LOADING else None,
+            "error": entry.error if self.state(deployment) is ModelState.FAILED else None,
+            "retry_in_s": round(max(0.0, entry.retry_at - now), 1) if entry.retry_at and entry.error else None,
+        }
+
+    def budgets(self) -> dict[str, dict[str, int | None]]:
+        """Per pool: the budget, what the models in memory hold (measured or estimated), and what is free."""
+        out: dict[str, dict[str, int | None]] = {}
+        for pool, budget in sorted(self.pools.budgets.items()):
+            held = sum(e.memory.need().get(pool, 0) for e in self._resident())
+            out[pool] = {
+                "budget_bytes": budget,
+                "held_bytes": held,
+                "free_bytes": None if budget is None else budget - held,
+                "live_free_bytes": self.pools.live_free(pool),
+            }
+        return out
+
+    # -- holds ------------------------------------------------------------------------------------------
+    def _entry(self, deployment: Deployment) -> _Entry:
+        entry = self._entries.get(deployment.name)
+        if entry is None:
+            memory = self._memory.get(deployment.name) or ModelMemory()
+            entry = _Entry(deployment, memory)
+            self._entries[deployment.name] = entry
+            self._publish(entry)
+        return entry
+
+    def _all(self) -> list[_Entry]:
+        return [self._entry(d) for d in self._registry]
+
+    def _grant(self, entry: _Entry) -> Hold:
+        entry.holds += 1
+        entry.idle.clear()
+        self._touch(entry)
+        return Hold(self, entry)
+
+    def _released(self, entry: _Entry) -> None:
+        entry.holds -= 1
+        self._touch(entry)
+        if entry.holds == 0:
+            entry.idle.set()
+
+    def _touch(self, entry: _Entry) -> None:
+        entry.last_used, entry.last_used_wall = time.monotonic(), time.time()
+
+    def _grant_pending(self, entry: _Entry) -> None:
+        for waiter in entry.pending:
+            if not waiter.done():
+                waiter.set_result(self._grant(entry))
+        entry.pending.clear()
+
+    def _fail_pending(self, entry: _Entry, error: Callable[[], GatewayError]) -> None:
+        for waiter in entry.pending:
+            if not waiter.done():
+                waiter.set_exception(error())
+        entry.pending.clear()
+
+    # -- loading ----------------------------------------------------------------------------------------
+    def _kick(self, entry: _Entry) -> None:
+        """Start a load for waiters of a model that is not loaded and has no load on the way."""
+        if self._closing or not entry.pending or entry.load_task is not None:
+            return
+        if entry.state in (ModelState.UNLOADED, ModelState.FAILED):
+            self._set_state(entry, ModelState.LOADING, "waiting for other loads and unloads to finish")
+            entry.load_task = asyncio.create_task(self._load(entry), name=f"load:{entry.name}")
+
+    async def _load(self, entry: _Entry) -> None:
+        try:
+            async with self._lock:
+                if not entry.pending:  # everyone gave up while it waited for its turn
+                    self._set_state(entry, ModelState.UNLOADED)
+                    return
+                await self._make_room(entry)
+                await self._start(entry)
+        except GatewayError as exc:
+            if entry.state is ModelState.LOADING:
+                self._set_state(entry, ModelState.UNLOADED)
+            error = exc
+            self._fail_pending(
+                entry, lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s)
+            )
+        except Exception as exc:
+            log.exception("loading %s failed", entry.name)
+            self._failed(entry, f"model {entry.name!r} could not be loaded: internal error ({type(exc).__name__})")
+        finally:
+            entry.load_task = None
+
+    async def _start(self, entry: _Entry) -> None:
+        worker = entry.deployment.worker
+        before = self.pools.gpu_used(entry.memory.gpu_indices)
+        started = time.monotonic()
+        self._set_state(entry, ModelState.LOADING, f"starting its worker (needs {entry.memory.describe()})")
+        log.info("loading %s (needs %s)", entry.name, entry.memory.describe())
+        try:
+            await worker.ensure_ready(self._settings.startup_timeout_s)
+        except WorkerStartError as exc:
+            await worker.stop(grace_s=2.0)
+            self._metrics.model_loads.labels(entry.name, "failed").inc()
+            self._failed(entry, f"model {entry.name!r} failed to load: {exc}")
+            return
+        entry.last_load_s = time.monotonic() - started
+        entry.loads += 1
+        self._measure(entry, before)
+        self._metrics.model_loads.labels(entry.name, "ok").inc()
+        self._metrics.load_duration.labels(entry.name).observe(entry.last_load_s)
+        entry.error, entry.retry_at, entry.ready_at = None, None, time.monotonic()
+        log.info("loaded %s in %.1f s: takes %s", entry.name, entry.last_load_s, entry.memory.describe())
+        self._set_state(entry, ModelState.READY)
+        self._grant_pending(entry)
+
+    def _failed(self, entry: _Entry, message: str) -> None:
+        entry.failures += 1
+        backoff = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (entry.failures - 1))
+        entry.error, entry.retry_at = message, time.monotonic() + backoff
+        log.error("%s; requests get this error for %.0f s, then the next one tries again", message, backoff)
+        self._set_state(entry, ModelState.FAILED)
+        self._fail_pending(entry, lambda: self._failure(entry))
+
+    def _failure(self, entry: _Entry) -> GatewayError:
+        left = max(1.0, (entry.retry_at or 0.0) - time.monotonic())
+        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "failed to load", retry_after_s=left)
+
+    def _raise_if_failed(self, entry: _Entry) -> None:
+        if entry.state is ModelState.FAILED and entry.retry_at is not None and time.monotonic() < entry.retry_at:
+            raise self._failure(entry)
+
+    def _still_loading(self, entry: _Entry, waited_s: float) -> GatewayError:
+        expected = entry.last_load_s or 10.0
+        return GatewayError(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"model {entry.name!r} is still loading after {waited_s:.0f} s ({self.progress(entry.deployment).phase}); "
+            "retry shortly",
+            retry_after_s=max(2.0, expected - (time.monotonic() - entry.phase_started)),
+        )
+
+    # -- memory -----------------------------------------------------------------------------------------
+    def _resident(self, *, excluding: tuple[_Entry, ...] = ()) -> list[_Entry]:
+        held = (ModelState.READY, ModelState.DRAINING)
+        return [e for e in self._all() if e not in excluding and (e.pinned or e.state in held)]
+
+    def _shortfall(self, entry: _Entry, victims: list[_Entry]) -> dict[str, tuple[int, int]]:
+        """Per pool where `entry` would not fit once `victims` are gone: (needed, free) bytes."""
+        short: dict[str, tuple[int, int]] = {}
+        others = self._resident(excluding=(entry, *victims))
+        for pool, need in entry.memory.need().items():
+            free: int | None = None
+            budget = self.pools.budgets.get(pool)
+            if budget is not None:
+                free = budget - sum(e.memory.need().get(pool, 0) for e in others)
+            live = self.pools.live_free(pool)
+            if live is not None:
+                live += sum(v.memory.need().get(pool, 0) for v in victims if v.state is not ModelState.UNLOADED)
+                free = live if free is None else min(free, live)
+            if free is not None and need > free:
+                short[pool] = (need, free)
+        return short
+
+    async def _make_room(self, entry: _Entry) -> None:
+        """Unload what must go for `entry` to fit: idle models least recently used first, then busy ones
+        (drained); or raise, with the numbers, when even that would not be enough."""
+        short = self._shortfall(entry, [])
+        if not short:
+            return
+        candidates = [e for e in self._all() if not e.pinned and e is not entry and e.state is ModelState.READY]
+        candidates.sort(key=lambda e: (e.holds > 0, e.last_used or 0.0))
+        victims: list[_Entry] = []
+        for candidate in candidates:
+            if not short:
+                break
+            if any(candidate.memory.need().get(pool) for pool in short):
+                victims.append(candidate)
+                short = self._shortfall(entry, victims)
+        if short:
+            self._failed(entry, self._no_room(entry, short))
+            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
+        for victim in victims:
+            why = self._eviction_reason(victim, entry)
+            await self._unload(victim, "memory", why, for_entry=entry)
+        await self._wait_for_gpus(entry)
+
+    def _eviction_reason(self, victim: _Entry, entry: _Entry) -> str:
+        idle = f"idle {time.monotonic() - victim.last_used:.0f} s" if victim.last_used is not None else "never used"
+        busy = f"{victim.holds} request(s) in flight" if victim.holds else idle
+        return (
+            f"least recently used ({busy}), it takes {victim.memory.describe()}; "
+            f"{entry.name!r} needs {entry.memory.describe()}"
+        )
+
+    def _no_room(self, entry: _Entry, short: dict[str, tuple[int, int]]) -> str:
+        parts = []
+        for pool, (need, free) in sorted(short.items()):
+            budget = self.pools.budgets.get(pool)
+            pinned = [e for e in self._resident(excluding=(entry,)) if e.pinned and e.memory.need().get(pool)]
+            held = ", ".join(f"{e.name!r} {gib(e.memory.need()[pool])}" for e in pinned) or "none"
+            live = self.pools.live_free(pool)
+            parts.append(
+                f"{pool_label(pool)}: needs {gib(need)} ({entry.memory.source(pool)}), at most {gib(max(0, free))} "
+                f"can be had after unloading every other on-demand model (budget "
+                f"{gib(budget) if budget is not None else 'unbounded'}; pinned models hold {held}"
+                + (f"; {gib(live)} free now" if live is not None else "")
+                + ")"
+            )
+        return f"model {entry.name!r} cannot be loaded: " + "; ".join(parts)
+
+    async def _wait_for_gpus(self, entry: _Entry) -> None:
+        """After unloads a GPU may take a moment to show the memory freed; never start a load that does not
+        fit by NVML (a clear refusal beats an out-of-memory crash)."""
+        if not self.pools.live_gpus or not entry.memory.gpu_indices:
+            return
+        deadline = time.monotonic() + GPU_RECOVERY_S
+        while (short := self._shortfall(entry, [])) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.25)  # polling NVML: nothing signals freed GPU memory
+        if short:
+            self._failed(entry, self._no_room(entry, short))
+            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
+
+    def _measure(self, entry: _Entry, gpu_before: dict[int, int]) -> None:
+        """What the model really took: NVML used after minus before on its GPUs, VmRSS on the host."""
+        after = self.pools.gpu_used(list(gpu_before))
+        for index, used in after.items():
+            entry.memory.measured[f"gpu{index}"] = max(0, used - gpu_before[index])
+        self._measure_rss(entry)
+        self._publish(entry)
+
+    def _measure_rss(self, entry: _Entry) -> None:
+        pid = entry.deployment.worker.pid
+        rss = self.pools.probe.group_rss_bytes(pid) if pid is not None else None
+        if rss is not None:
+            entry.memory.measured[HOST] = max(rss, entry.memory.measured.get(HOST, 0))
+
+    # -- unloading --------------------------------------------------------------------------------------
+    async def _unload(self, entry: _Entry, reason: str, why: str, *, for_entry: _Entry | None = None) -> None:
+        """Drain (holds only end), then stop. Runs under the lock. Raises when the drain bound passes."""
+        self._set_state(entry, ModelState.DRAINING, "unloading")
+        if entry.holds:
+            bound = self._settings.drain_timeout_s
+            waiting = f"waiting for {entry.holds} request(s) on {entry.name!r} to finish (up to {bound:.0f} s)"
+            entry.progress = waiting
+            if for_entry is not None:
+                self._set_state(for_entry, ModelState.LOADING, f"making room: {waiting}")
+            log.info("to unload %s: %s", entry.name, waiting)
+            try:
+                await asyncio.wait_for(entry.idle.wait(), bound)
+            except TimeoutError:
+                self._set_state(entry, ModelState.READY)
+                self._grant_pending(entry)
+                raise GatewayError(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"could not unload {entry.name!r}"
+                    + (f" to make room for {for_entry.name!r}" if for_entry else "")
+                    + f": it still has {entry.holds} request(s) in flight after {bound:.0f} s; retry shortly",
+                    retry_after_s=10,
+                ) from None
+        if for_entry is not None:
+            self._set_state(for_entry, ModelState.LOADING, f"making room: unloading {entry.name!r}")
+        log.warning("unloading %s (%s): %s", entry.name, reason, why)
+        await entry.deployment.worker.stop(grace_s=STOP_GRACE_S)
+        self._metrics.model_evictions.labels(entry.name, reason).inc()
+        entry.failures = 0
+        self._set_state(entry, ModelState.UNLOADED)
+        self._kick(entry)  # requests that came while it drained: it loads again after this change
+
+    async def _reap_loop(self) -> None:
+        """Unload on-demand models idle for their `idle_unload_s`; refresh the measured host memory."""
+        last_measure = 0.0
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            now = time.monotonic()
+            for entry in self._all():
+                if self._idle_for_long(entry, now) and not entry.reaping:
+                    entry.reaping = True
+                    self._spawn(self._reap(entry), f"reap:{entry.name}")
+            if now - last_measure >= MEASURE_INTERVAL_S:
+                last_measure = now
+                for entry in self._resident():
+                    if entry.deployment.worker.state is WorkerState.READY:
+                        self._measure_rss(entry)
+                        self._publish(entry)
+
+    def _idle_for_long(self, entry: _Entry, now: float) -> bool:
+        ttl = entry.deployment.idle_unload_s
+        return (
+            ttl is not None
+            and not entry.pinned
+            and entry.state is ModelState.READY
+            and not entry.holds
+            and entry.last_used is not None
+            and now - entry.last_used >= ttl
+        )
+
+    async def _reap(self, entry: _Entry) -> None:
+        try:
+            async with self._lock:
+                if self._idle_for_long(entry, time.monotonic()):
+                    idle = time.monotonic() - (entry.last_used or 0.0)
+                    why = f"no request for {idle:.1f} s (idle_unload_s {entry.deployment.idle_unload_s:g})"
+                    await self._unload(entry, "idle", why)
+        finally:
+            entry.reaping = False
+
+    async def _boot(self, entries: list[_Entry]) -> None:
+        """Pinned models on GPUs start one after another (TurboMind sizes its KV cache from the memory free
+        when it starts), each measured; a failed start is left to its supervisor's restarts."""
+        async with self._lock:
+            for entry in entries:
+                before = self.pools.gpu_used(entry.memory.gpu_indices)
+                try:
+                    await entry.deployment.worker.ensure_ready(self._settings.startup_timeout_s)
+                except WorkerStartError as exc:
+                    log.error("pinned model %s did not start: %s (its supervisor retries)", entry.name, exc)
+                    continue
+                self._measure(entry, before)
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def _set_state(self, entry: _Entry, state: ModelState, progress: str | None = None) -> None:
+        if progress != entry.progress or state is not entry.state:
+            entry.phase_started = time.monotonic()
+        entry.state, entry.progress = state, progress
+        self._publish(entry)
+
+    def _publish(self, entry: _Entry) -> None:
+        self._metrics.set_model_state(entry.name, self.state(entry.deployment).value, [s.value for s in ModelState])
+        for pool, n in entry.memory.estimated.items():
+            self._metrics.model_memory.labels(entry.name, pool, "estimated").set(n)
+        for pool, n in entry.memory.measured.items():
+            self._metrics.model_memory.labels(entry.name, pool, "measured").set(n)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _iso(wall: float | None) -> str | None:
+    if wall is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))

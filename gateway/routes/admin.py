@@ -1,0 +1,74 @@
+"""The admin API: which models are in memory, and loading or unloading one by hand.
+
+    GET  /admin/models                 every model's state, memory (estimated, measured), last use, requests
+    POST /admin/models/{name}/load     load it now (waits for the load; a remembered failure is retried)
+    POST /admin/models/{name}/unload   unload it now (drains requests in flight up to server.drain_timeout_s)
+
+Who may call it: a key with `scopes: [admin]`. In open mode (no keys configured) only clients connecting
+from a loopback address, so a gateway bound to a LAN address without keys cannot be steered by anyone
+who can reach it; behind a reverse proxy on the same host every client looks local, so configure keys.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routes.context import AppContext, app_context
+
+router = APIRouter(prefix="/admin")
+
+ADMIN_SCOPE = "admin"
+
+
+def _is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def authorize_admin(request: Request) -> AppContext:
+    """The app context for an admin call; 401 without a valid key, 403 without the admin scope."""
+    app = app_context(request)
+    principal = app.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    if app.keys.open_mode:
+        if not _is_loopback(request.client.host if request.client else None):
+            raise GatewayError(
+                ErrorCode.PERMISSION_DENIED,
+                "the admin API answers only loopback clients in open mode; configure a key with scopes: [admin]",
+            )
+    elif ADMIN_SCOPE not in principal.scopes:
+        raise GatewayError(ErrorCode.PERMISSION_DENIED, f"key {principal.key_id!r} lacks the admin scope")
+    return app
+
+
+@router.get("/models")
+async def list_models(request: Request) -> JSONResponse:
+    app = authorize_admin(request)
+    residency = app.service.residency
+    models = [residency.describe(d) for d in app.registry]
+    refused = [{"model": name, "state": "refused", "error": why} for name, why in sorted(app.registry.refused.items())]
+    return JSONResponse({"object": "list", "data": models + refused, "memory": residency.budgets()})
+
+
+@router.post("/models/{name:path}/load")
+async def load_model(name: str, request: Request) -> JSONResponse:
+    app = authorize_admin(request)
+    app.check_accepting()
+    deployment = app.registry.resolve(name)
+    await app.service.residency.load(deployment)
+    return JSONResponse(app.service.residency.describe(deployment))
+
+
+@router.post("/models/{name:path}/unload")
+async def unload_model(name: str, request: Request) -> JSONResponse:
+    app = authorize_admin(request)
+    deployment = app.registry.resolve(name)
+    await app.service.residency.unload(deployment)
+    return JSONResponse(app.service.residency.describe(deployment))
