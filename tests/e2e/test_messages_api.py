@@ -8,6 +8,7 @@ for through `extra_body` (the gateway still takes it, as Anthropic's HTTP API do
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import jsonschema
 import pytest
 from anthropic.types import Message, MessageTokensCount
 
+from gateway.auth import hash_key
 from tests.conftest import free_port
 from tests.e2e.conftest import MODEL, Gateway, start_gateway, stop_gateway, write_config
-from tests.e2e.streams import metric, scrape
+from tests.e2e.streams import COUNTING, metric, scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +36,7 @@ WEATHER_SCHEMA = {
 }
 WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}
 KEY = "vg-messages-e2e-key-3c"
+SOLO = "vg-messages-e2e-solo-9d"  # a key with one request in flight at most
 
 
 def client(gateway: Gateway, api_key: str = "unused", **kwargs: Any) -> anthropic.Anthropic:
@@ -166,7 +169,8 @@ def test_the_sdk_raises_its_own_errors(gateway: Gateway) -> None:
 @pytest.fixture(scope="module")
 def keyed(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("messages-keyed")
-    config = write_config(tmp, smollm2_path, free_port(), data_dir=str(tmp / "data"))
+    solo = {"id": "solo", "sha256": hash_key(SOLO), "max_concurrent": 1}
+    config = write_config(tmp, smollm2_path, free_port(), auth={"keys": [solo]}, data_dir=str(tmp / "data"))
     gateway = start_gateway(config, tmp / "gateway.log", env={"VOLTGATE_API_KEYS": KEY})
     try:
         gateway.wait_ready()
@@ -193,3 +197,26 @@ def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(k
     assert metric(samples, "voltgate:requests_total", endpoint="messages", status="401") == 4
     assert metric(samples, "voltgate:requests_total", endpoint="messages", status="200") == 2
     assert metric(samples, "voltgate:requests_total", endpoint="count_tokens", status="200") == 1
+
+
+async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_is_a_499(keyed: Gateway) -> None:
+    url = keyed.url + "/v1/messages"
+    counting = {"model": MODEL, "max_tokens": 128, "stream": True, "messages": [{"role": "user", "content": COUNTING}]}
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        http.stream("POST", url, json=counting, headers={"x-api-key": SOLO}) as first,
+    ):
+        assert first.status_code == 200
+        async for line in first.aiter_lines():
+            if line.startswith("event: content_block_delta"):
+                break
+        second = await http.post(url, json={**counting, "stream": False}, headers={"x-api-key": SOLO})
+        assert "in flight" in assert_anthropic_error(second, 429, "rate_limit_error")
+        assert 1 <= int(second.headers["retry-after"]) <= 60
+    # Leaving the block closed the connection mid-stream: the generation is aborted and accounted as 499.
+    deadline = time.monotonic() + 20
+    while metric(scrape(keyed), "voltgate:requests_total", endpoint="messages", status="499") != 1:
+        assert time.monotonic() < deadline, "the abandoned stream was never accounted"
+        time.sleep(0.2)
+    again = client(keyed, api_key=SOLO).messages.create(model=MODEL, max_tokens=4, messages=SHORT)
+    assert again.usage.output_tokens > 0  # the slot and the key's in-flight count were released
