@@ -105,6 +105,10 @@ class FakeWorker:
         del timeout_s
         return self.state is WorkerState.READY
 
+    async def ensure_ready(self, timeout_s: float | None = None) -> None:
+        del timeout_s
+        self.start()
+
     def base_url(self) -> str:
         if self.state is WorkerState.READY:
             return BASE_URL
