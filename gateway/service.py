@@ -28,11 +28,14 @@ from backends.base import RequestKind
 from backends.request import EngineRequest
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
+from gateway.embedding_requests import build_embedding_request
 from gateway.engine_requests import build_engine_request, token_limit
 from gateway.errors import ErrorCode, GatewayError
 from gateway.memory import HOST, NoProbe, Pools
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, InferenceRequest
+from gateway.protocol.requests import EmbeddingRequest
+from gateway.protocol.rerank import RerankRequest, RerankResponse
 from gateway.relay import transport_error, upstream_error_to_gateway
 from gateway.residency import Residency
 from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
@@ -40,6 +43,7 @@ from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, St
 __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
+ServedRequest = InferenceRequest | RerankRequest
 PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
@@ -69,7 +73,7 @@ class Service:
 
     # -- entry point ------------------------------------------------------------------------------------
     async def handle(
-        self, parsed: InferenceRequest, request: Request, ctx: RequestContext
+        self, parsed: ServedRequest, request: Request, ctx: RequestContext
     ) -> UnaryResult | StreamSession:
         try:
             deployment = self.registry.resolve(parsed.model)
@@ -109,7 +113,7 @@ class Service:
         account(self.metrics, ctx, label, exc.status, None)
 
     # -- checks -----------------------------------------------------------------------------------------
-    def _check_capabilities(self, kind: RequestKind, parsed: InferenceRequest, deployment: Deployment) -> None:
+    def _check_capabilities(self, kind: RequestKind, parsed: ServedRequest, deployment: Deployment) -> None:
         caps = deployment.capabilities
         name = f"model {deployment.name!r} ({deployment.plan.engine.value})"
         if kind not in caps.kinds:
@@ -118,6 +122,9 @@ class Service:
         reports = caps.completion_logprobs if isinstance(parsed, CompletionRequest) else caps.logprobs
         if logprobs is not None and logprobs is not False and not reports:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} does not report logprobs", param="logprobs")
+        if isinstance(parsed, EmbeddingRequest) and parsed.dimensions is not None and not caps.dimensions:
+            why = f"{name} cannot shorten its vectors: `dimensions` needs a matryoshka model (matryoshka: true)"
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, why, param="dimensions")
         if not isinstance(parsed, ChatCompletionRequest):
             return
         fmt = parsed.response_format
@@ -130,7 +137,10 @@ class Service:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} has no tool-call parser configured",
                                param="tools")  # fmt: skip
 
-    def _engine_body(self, parsed: InferenceRequest, deployment: Deployment) -> dict[str, Any]:
+    def _engine_body(self, parsed: ServedRequest, deployment: Deployment) -> dict[str, Any]:
+        if isinstance(parsed, EmbeddingRequest):
+            model = deployment.plan.remote_model or deployment.plan.model
+            return build_embedding_request(parsed, model=model, truncate=deployment.plan.embed_truncate).wire()
         if not isinstance(parsed, ChatCompletionRequest | CompletionRequest):
             body = parsed.engine_body()
             body["model"] = deployment.plan.remote_model or deployment.plan.model
@@ -207,16 +217,20 @@ def _normalize(kind: RequestKind, data: dict[str, Any]) -> dict[str, Any]:
             return ChatCompletion.model_validate(data).wire()
         if kind is RequestKind.COMPLETION:
             return Completion.model_validate(data).model_dump(mode="json")
+        if kind is RequestKind.RERANK:
+            return RerankResponse.model_validate(data).render()
     except ValueError as exc:
         raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}") from None
     return data
 
 
-def _prompt_for_log(parsed: InferenceRequest) -> Any:
+def _prompt_for_log(parsed: ServedRequest) -> Any:
     if isinstance(parsed, ChatCompletionRequest):
         return [{"role": m.role, "content": m.text()} for m in parsed.messages]
     if isinstance(parsed, CompletionRequest):
         return parsed.prompt
+    if isinstance(parsed, RerankRequest):
+        return {"query": parsed.query, "documents": parsed.documents}
     return parsed.input
 
 

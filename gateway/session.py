@@ -31,7 +31,7 @@ from gateway.residency import Hold, Residency
 access_log = logging.getLogger("voltgate.access")
 
 PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/completions",
-         RequestKind.EMBEDDING: "/v1/embeddings"}  # fmt: skip
+         RequestKind.EMBEDDING: "/v1/embeddings", RequestKind.RERANK: "/v1/rerank"}  # fmt: skip
 
 CLIENT_GONE = 499
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)

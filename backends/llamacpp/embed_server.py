@@ -107,6 +107,10 @@ def _param(loc: Sequence[int | str]) -> str | None:
     return out or None
 
 
+FOREIGN_TOKENS_HINT = (
+    "Token arrays must come from this model's own tokenizer; send text otherwise. LangChain's OpenAIEmbeddings "
+    "sends OpenAI's tiktoken ids unless created with check_embedding_ctx_length=False"
+)
 _INPUT_FORMS = "'input' must be a string, a list of strings, a token array (list of ints) or a list of token arrays"
 
 
@@ -266,9 +270,8 @@ class _Handlers:
             else:
                 bad = next((t for t in item if not 0 <= t < model.n_vocab), None)
                 if bad is not None:
-                    raise WireError(
-                        400, f"{param}: token {bad} is not in the vocabulary (0..{model.n_vocab - 1})", param=param
-                    )
+                    raise WireError(400, f"{param}: token {bad} is not in this model's vocabulary "
+                                    f"(0..{model.n_vocab - 1}). {FOREIGN_TOKENS_HINT}", param=param)  # fmt: skip
                 tokens, keep_end = list(item), 0
             if not tokens:
                 raise WireError(400, f"{param} is empty", param=param)
@@ -277,7 +280,8 @@ class _Handlers:
                     raise WireError(
                         400,
                         f"{param} has {len(tokens)} tokens, but this model takes at most {limit} per input "
-                        "(send truncate: true to cut it)",
+                        "(shorten it, or have it cut: truncate: true in the request to this worker, embed_truncate: "
+                        "true in the model's voltgate config)",
                         param=param,
                         code="context_length_exceeded",
                     )

@@ -20,12 +20,16 @@ runs when there is no GPU or the config says `llamacpp.n_gpu_layers: 0`.
 
 from __future__ import annotations
 
+import mmap
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from gguf import GGUFValueType
+
 from backends.base import DeploymentPlan, EngineName
-from gateway.config import GGUFSource, HFSource, ModelSpec
+from gateway.config import ConfigError, GGUFSource, HFSource, ModelSpec
 from gateway.placement.estimate import LLAMACPP_CUDA_CONTEXT_BYTES, MemoryEstimate, Shortfall, gib
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
 from gateway.placement.inventory import Inventory
@@ -55,19 +59,67 @@ class PooledHeader(NamedTuple):
 
 
 def read_pooled_header(path: Path) -> PooledHeader:
-    """The GGUF's architecture, declared pooling and classifier head; raise `InspectionError` if unreadable."""
-    try:
-        import gguf
+    """The GGUF's architecture, declared pooling and classifier head; raise `InspectionError` if unreadable.
 
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # missing file, bad magic, truncated header
+    `gguf.GGUFReader` builds every array element as a numpy view, which takes seconds for a 50k-token
+    vocabulary on a small host; every model's task is decided before placement, so the header is scanned here
+    for the two keys and the tensor names needed, with the package's type codes. Nothing past the tensor
+    infos is read.
+    """
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            keys, tensors = _scan_gguf(data)
+    except (OSError, ValueError, struct.error) as exc:  # missing, empty, truncated, not a GGUF
         raise InspectionError(f"{path}: unreadable GGUF: {exc}") from None
-    arch_field = reader.fields.get("general.architecture")
-    arch = str(arch_field.contents()) if arch_field is not None else "unknown"
-    pooling_field = reader.fields.get(f"{arch}.pooling_type")
-    pooling = _POOLINGS.get(int(pooling_field.contents())) if pooling_field is not None else None
-    classifier = any(t.name == "cls.output.weight" for t in reader.tensors)
-    return PooledHeader(arch, pooling, arch in ENCODER_ARCHITECTURES, classifier)
+    arch = str(keys.get("general.architecture", "unknown"))
+    declared = keys.get(f"{arch}.pooling_type")
+    pooling = _POOLINGS.get(declared) if isinstance(declared, int) else None
+    return PooledHeader(arch, pooling, arch in ENCODER_ARCHITECTURES, "cls.output.weight" in tensors)
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = int(GGUFValueType.STRING), int(GGUFValueType.ARRAY)
+
+
+def _scan_gguf(data: mmap.mmap) -> tuple[dict[str, object], set[str]]:
+    """Scalar and string KV values (arrays skipped) and tensor names of a little-endian GGUF v2/v3."""
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF file (bad magic)")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (big-endian or too old) is not scanned")
+    at = 24
+
+    def string(at: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", data, at)
+        return data[at + 8 : at + 8 + n].decode("utf-8", "replace"), at + 8 + n
+
+    def value(kind: int, at: int) -> tuple[object, int]:
+        if kind == _STRING:
+            return string(at)
+        if kind == _ARRAY:
+            item, count = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if item in _SCALARS:
+                return None, at + count * struct.calcsize(_SCALARS[item])
+            for _ in range(count):
+                _, at = value(item, at)
+            return None, at
+        fmt = _SCALARS[kind]
+        return struct.unpack_from(fmt, data, at)[0], at + struct.calcsize(fmt)
+
+    keys: dict[str, object] = {}
+    for _ in range(n_kv):
+        key, at = string(at)
+        (kind,) = struct.unpack_from("<I", data, at)
+        keys[key], at = value(kind, at + 4)
+    names: set[str] = set()
+    for _ in range(n_tensors):
+        name, at = string(at)
+        (n_dims,) = struct.unpack_from("<I", data, at)
+        at += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
+        names.add(name)
+    return keys, names
 
 
 def serving_task(spec: ModelSpec, base_dir: Path) -> Task:
@@ -173,14 +225,19 @@ def place_pooled(
     assert task != "generate"
     out = PooledOutcome()
     sources: list[tuple[SourceInfo, PooledHeader]] = []
+    problems: list[str] = []
     for source in spec.sources:
         if not isinstance(source, GGUFSource):
             where = source.hf if isinstance(source, HFSource) else "a remote endpoint"
             out.misses.append(Miss("source", f"{where}: {task} models run on llama.cpp, which reads GGUF files"))
             continue
         try:
-            info = inspect_source(source, base_dir)
-            sources.append((info, read_pooled_header(info.path)))
+            header = read_pooled_header(_resolve(source, base_dir))
+            problem = _pooling_problem(spec, task, header)  # before the (slower) full inspection
+            if problem is not None:
+                problems.append(problem)
+                continue
+            sources.append((inspect_source(source, base_dir), header))
         except InspectionError as exc:
             out.misses.append(Miss("source", f"{source.gguf}: {exc}"))
     if spec.quant is not None:
@@ -188,13 +245,9 @@ def place_pooled(
         sources = [s for s in sources if (s[0].quant or "").lower() == wanted]
         out.misses.append(Miss("override", f"quant: {spec.quant} in the config: only that source is considered"))
     if not sources:
-        out.refusal = "no usable GGUF source: " + "; ".join(m.reason for m in out.misses)
+        out.refusal = problems[0] if problems else "no usable GGUF source: " + "; ".join(m.reason for m in out.misses)
         return out
     sources.sort(key=lambda s: -s[0].bits_per_weight)
-    problem = _pooling_problem(spec, task, sources[0][1])
-    if problem is not None:
-        out.refusal = problem
-        return out
     for info, header in sources:
         placed = _place_source(spec, task, info, header, inventory, ledger, out.misses)
         if placed is not None:
@@ -208,6 +261,16 @@ def place_pooled(
     else:
         out.refusal = "no option applies: " + "; ".join(f"{m.rung}: {m.reason}" for m in out.misses)
     return out
+
+
+def _resolve(source: GGUFSource, base_dir: Path) -> Path:
+    try:
+        path = source.resolve(base_dir)
+    except ConfigError as exc:  # a `package:` source whose package is not installed
+        raise InspectionError(str(exc)) from None
+    if not path.exists():
+        raise InspectionError(f"source not found: {path}")
+    return path
 
 
 def _pooling_problem(spec: ModelSpec, task: Task, header: PooledHeader) -> str | None:

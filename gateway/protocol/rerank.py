@@ -8,11 +8,14 @@ Request: `{model, query, documents, top_n?, return_documents?}`. Response: `{mod
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.request import EngineRerankRequest
+from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.requests import validation_error
 
 MAX_DOCUMENTS = 2048
 """Documents per request; the worker enforces the same limit (backends/llamacpp/embed_server.MAX_INPUTS)."""
@@ -28,6 +31,11 @@ class RerankRequest(BaseModel):
     documents: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS)
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = False
+    stream: Literal[False] = False  # a ranking is one answer: `stream: true` is a 400
+
+    @property
+    def include_usage(self) -> bool:
+        return False
 
     def engine_request(self) -> EngineRerankRequest:
         """The worker's request (the same fields, validated by the worker with the same bounds)."""
@@ -41,6 +49,20 @@ class RerankRequest(BaseModel):
 
     def engine_body(self) -> dict[str, Any]:
         return self.engine_request().wire()
+
+
+def parse_rerank_request(raw: bytes) -> RerankRequest:
+    """Decode and validate a rerank body, or raise a 400 `GatewayError` naming the offending parameter."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    try:
+        return RerankRequest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
 
 
 class _Out(BaseModel):

@@ -119,6 +119,9 @@ class Model(_Out):
     owned_by: str = "voltgate"
     capabilities: dict[str, bool] | None = Field(default=None, description="voltgate extension: what it can do")
     engine: str | None = Field(default=None, description="voltgate extension: the engine serving it")
+    task: Literal["generate", "embed", "rerank"] | None = Field(
+        default=None, description="voltgate extension: what it serves (generate: chat and completions)"
+    )
 
 
 class ModelList(_Out):

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions, /v1/completions, /v1/embeddings: parse → service → render."""
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank: parse → service → render."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from backends.base import RequestKind
 from gateway.auth import ANONYMOUS
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_request
+from gateway.protocol.rerank import RerankRequest, parse_rerank_request
 from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.context import AppContext, app_context
 from gateway.service import RequestContext, StreamSession, UnaryResult
@@ -92,3 +93,15 @@ async def completions(request: Request) -> Response:
 @router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     return await _handle(request, RequestKind.EMBEDDING, EmbeddingRequest)
+
+
+@router.post("/v1/rerank", openapi_extra=body_schema(RerankRequest))
+@router.post("/v1/reranking", openapi_extra=body_schema(RerankRequest))  # llama.cpp's server's other name
+async def rerank(request: Request) -> Response:
+    app, ctx, raw = await begin(request, RequestKind.RERANK)
+    try:
+        parsed = parse_rerank_request(raw)
+    except GatewayError as exc:
+        app.service.refused(ctx, exc, model_hint(raw))
+        raise
+    return render(await app.service.handle(parsed, request, ctx))

@@ -45,10 +45,11 @@ def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
 
 
 def _model(deployment: Deployment) -> Model:
-    """An OpenAI model entry plus voltgate's extension fields: the engine and what the model can do."""
+    """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task."""
     return Model(
         id=deployment.name,
         created=deployment.created,
         engine=deployment.plan.engine.value,
         capabilities=deployment.capabilities.public(),
+        task=deployment.plan.task,
     )
