@@ -73,7 +73,7 @@ def test_body_over_the_limit_is_413(gateway: Gateway) -> None:
 
 
 def test_context_overflow_is_400_context_length_exceeded_when_streaming_too(gateway: Gateway) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}], "stream": True}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 5000}], "stream": True}
     error = assert_error(
         httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30), 400, "context_length_exceeded"
     )

@@ -34,7 +34,7 @@ async def gateway(metrics: Metrics, **auth: object) -> AsyncIterator[httpx.Async
     [
         (b'{"model": "m", "messages": [', 400),
         ({"model": "m", "messages": USER, "stop": [str(i) for i in range(17)]}, 400),
-        ({"model": "m", "messages": USER, "logit_bias": {"1": 5}}, 400),
+        ({"model": "m", "messages": USER, "mirostat": 2}, 400),
         ({"model": "m", "messages": [{"role": "user", "content": [IMAGE]}]}, 400),
         ({"model": "m", "messages": USER, "functions": [{"name": "f"}]}, 400),
         ({"model": "other", "messages": USER}, 404),
