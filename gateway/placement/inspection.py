@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -264,10 +265,21 @@ def _safetensors_header(shard: Path) -> list[tuple[str, str, list[int]]]:
 
 def inspect_gguf(path: Path) -> SourceInfo:
     """GGUF metadata and tensor infos via the `gguf` package (memory-mapped; tensor data is never read).
-    A split model (`name-00001-of-00003.gguf`) is read across all its files."""
+    A split model (`name-00001-of-00003.gguf`) is read across all its files. Reading a large vocabulary
+    takes seconds, so a file already read (same path, size and mtime) is not read again."""
     if not path.exists():
         raise InspectionError(f"source not found: {path}")
     files = _gguf_files(path)
+    try:
+        identity = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except OSError as exc:
+        raise InspectionError(f"{path}: unreadable: {exc}") from None
+    return _inspect_gguf_files(path, identity)
+
+
+@functools.lru_cache(maxsize=64)
+def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) -> SourceInfo:
+    files = [Path(name) for name, _, _ in identity]
     try:
         import gguf
 
