@@ -1,9 +1,10 @@
 """FakeWorker: a small real process standing in for an engine worker in supervisor tests.
 
 It speaks just enough of the worker contract (GET /health, streaming /v1/chat/completions) and
-misbehaves on request: never ready, crash after N requests, ignore SIGTERM, spawn a child, print a
-fatal log line. Stands for `backends.llamacpp.worker` / `lmdeploy serve api_server` where a test is
-about process supervision, not inference.
+misbehaves on request: never ready (or only after a while), crash after N requests, ignore SIGTERM,
+spawn a child, print a fatal log line, hold memory like loaded weights. Stands for
+`backends.llamacpp.worker` / `lmdeploy serve api_server` where a test is about process supervision, not
+inference.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ def main() -> None:
     parser.add_argument("--log-line", default=None, help="print this line every 0.2 s")
     parser.add_argument("--spawn-child", default=None, help="write the pid of a spawned sleeping child here")
     parser.add_argument("--chunks", type=int, default=5)
+    parser.add_argument("--ready-after", type=float, default=0.0, help="/health answers 503 for this long")
+    parser.add_argument("--hold-mib", type=int, default=0, help="keep this much memory resident (like weights)")
     args = parser.parse_args()
+    started = time.monotonic()
+    held = b"\x01" * (args.hold_mib << 20)  # written, so resident (a bytearray would stay untouched)
 
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -57,8 +62,8 @@ def main() -> None:
     served = 0
 
     async def health(_: Request) -> JSONResponse:
-        if args.fail_ready:
-            return JSONResponse({"status": "loading"}, status_code=503)
+        if args.fail_ready or time.monotonic() - started < args.ready_after:
+            return JSONResponse({"status": "loading", "held": len(held)}, status_code=503)
         return JSONResponse({"status": "ok", "slots": 1, "slots_busy": 0})
 
     async def chat(request: Request) -> StreamingResponse | JSONResponse:
