@@ -156,7 +156,12 @@ class PassMemory:
 
 
 def pass_memory(source: SourceInfo, *, encoder: bool, n_batch: int, flash_attn: bool = True) -> PassMemory:
-    """KV cache, output buffer and compute buffer of one forward pass of `n_batch` tokens (see the module doc)."""
+    """KV cache, output buffer and compute buffer of one forward pass of `n_batch` tokens (see the module doc).
+
+    Checked on the CPU worker with SmolLM2 Q4_1 (`--ctx 512|2048 --slots 8`, a full pass of 480 or 2,016
+    tokens): peak RSS 372 and 999 MiB against 308 and 967 MiB estimated with the weights; the Python process
+    itself holds about 90 MiB of that RSS. Buffers are reserved at load but touched only by a full pass.
+    """
     shape = source.shape
     kv = 0 if encoder else n_batch * shape.kv_bytes_per_token(_KV_ELEMENT_BYTES)
     output = n_batch * (shape.vocab_size + shape.hidden_size) * _FLOAT_BYTES
