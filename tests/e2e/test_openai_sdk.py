@@ -146,8 +146,8 @@ def test_unknown_model_is_not_found_when_streaming(gateway: Gateway) -> None:
         ({"messages": HELLO, "max_tokens": -1}, "max_tokens"),
         ({"messages": HELLO, "temperature": 5}, "temperature"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-        ({"messages": HELLO, "n": 2}, "n"),
-        ({"messages": HELLO, "logprobs": True}, "logprobs"),
+        ({"messages": HELLO, "n": 17}, "n"),
+        ({"messages": HELLO, "top_logprobs": 3}, "top_logprobs"),
         ({"messages": HELLO, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ],
 )
