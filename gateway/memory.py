@@ -201,6 +201,16 @@ class Pools:
         used = {i: self.probe.gpu_used_bytes(i) for i in indices}
         return {i: n for i, n in used.items() if n is not None}
 
+    def measure(self, memory: ModelMemory, pid: int | None, gpu_before: dict[int, int] | None = None) -> None:
+        """Record what a READY worker really takes: on each GPU read before its load (`gpu_before`), NVML's
+        used memory now minus then; on the host, its process group's VmRSS (the largest seen so far)."""
+        if gpu_before:
+            for index, used in self.gpu_used(list(gpu_before)).items():
+                memory.measured[gpu_pool(index)] = max(0, used - gpu_before[index])
+        rss = self.probe.group_rss_bytes(pid) if pid is not None else None
+        if rss is not None:
+            memory.measured[HOST] = max(rss, memory.measured.get(HOST, 0))
+
 
 def estimates_from_placement(placement: Mapping[str, Any]) -> tuple[Inventory | None, dict[str, MemoryEstimate]]:
     """The inventory and each model's memory estimate from a placement report's JSON (as `/v1/placement`

@@ -39,7 +39,8 @@ from typing import Any
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
-from gateway.memory import HOST, MemoryProbe, ModelMemory, Pools, estimates_from_placement, gib, pool_label
+from gateway.eviction import choose_victims, eviction_reason, no_room, shortfall
+from gateway.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
 from gateway.metrics import Metrics
 from gateway.workers import WorkerStartError, WorkerState
 
@@ -460,73 +461,22 @@ class Residency:
         )
 
     # -- memory -----------------------------------------------------------------------------------------
-    def _resident(self, *, excluding: tuple[_Entry, ...] = ()) -> list[_Entry]:
-        held = (ModelState.READY, ModelState.DRAINING)
-        return [e for e in self._all() if e not in excluding and (e.pinned or e.state in held)]
-
-    def _shortfall(self, entry: _Entry, victims: list[_Entry]) -> dict[str, tuple[int, int]]:
-        """Per pool where `entry` would not fit once `victims` are gone: (needed, free) bytes."""
-        short: dict[str, tuple[int, int]] = {}
-        others = self._resident(excluding=(entry, *victims))
-        for pool, need in entry.memory.need().items():
-            free: int | None = None
-            budget = self.pools.budgets.get(pool)
-            if budget is not None:
-                free = budget - sum(e.memory.need().get(pool, 0) for e in others)
-            live = self.pools.live_free(pool)
-            if live is not None:
-                live += sum(v.memory.need().get(pool, 0) for v in victims if v.state is not ModelState.UNLOADED)
-                free = live if free is None else min(free, live)
-            if free is not None and need > free:
-                short[pool] = (need, free)
-        return short
+    def _resident(self) -> list[_Entry]:
+        """The models holding memory: the pinned ones, and on-demand ones READY or DRAINING."""
+        return [e for e in self._all() if e.pinned or e.state in (ModelState.READY, ModelState.DRAINING)]
 
     async def _make_room(self, entry: _Entry) -> None:
-        """Unload what must go for `entry` to fit: idle models least recently used first, then busy ones
-        (drained); or raise, with the numbers, when even that would not be enough."""
-        short = self._shortfall(entry, [])
-        if not short:
-            return
-        candidates = [e for e in self._all() if not e.pinned and e is not entry and e.state is ModelState.READY]
-        candidates.sort(key=lambda e: (e.holds > 0, e.last_used or 0.0))
-        victims: list[_Entry] = []
-        for candidate in candidates:
-            if not short:
-                break
-            if any(candidate.memory.need().get(pool) for pool in short):
-                victims.append(candidate)
-                short = self._shortfall(entry, victims)
+        """Unload what must go for `entry` to fit (`gateway.eviction`: idle models least recently used
+        first, then busy ones, drained); or raise, with the numbers, when even that would not be enough."""
+        residents = self._resident()
+        candidates = [e for e in residents if not e.pinned and e is not entry and e.state is ModelState.READY]
+        victims, short = choose_victims(self.pools, entry, residents, candidates)
         if short:
-            self._failed(entry, self._no_room(entry, short))
+            self._failed(entry, no_room(self.pools, entry, residents, short))
             raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
         for victim in victims:
-            why = self._eviction_reason(victim, entry)
-            await self._unload(victim, "memory", why, for_entry=entry)
+            await self._unload(victim, "memory", eviction_reason(victim, entry), for_entry=entry)
         await self._wait_for_gpus(entry)
-
-    def _eviction_reason(self, victim: _Entry, entry: _Entry) -> str:
-        idle = f"idle {time.monotonic() - victim.last_used:.0f} s" if victim.last_used is not None else "never used"
-        busy = f"{victim.holds} request(s) in flight" if victim.holds else idle
-        return (
-            f"least recently used ({busy}), it takes {victim.memory.describe()}; "
-            f"{entry.name!r} needs {entry.memory.describe()}"
-        )
-
-    def _no_room(self, entry: _Entry, short: dict[str, tuple[int, int]]) -> str:
-        parts = []
-        for pool, (need, free) in sorted(short.items()):
-            budget = self.pools.budgets.get(pool)
-            pinned = [e for e in self._resident(excluding=(entry,)) if e.pinned and e.memory.need().get(pool)]
-            held = ", ".join(f"{e.name!r} {gib(e.memory.need()[pool])}" for e in pinned) or "none"
-            live = self.pools.live_free(pool)
-            parts.append(
-                f"{pool_label(pool)}: needs {gib(need)} ({entry.memory.source(pool)}), at most {gib(max(0, free))} "
-                f"can be had after unloading every other on-demand model (budget "
-                f"{gib(budget) if budget is not None else 'unbounded'}; pinned models hold {held}"
-                + (f"; {gib(live)} free now" if live is not None else "")
-                + ")"
-            )
-        return f"model {entry.name!r} cannot be loaded: " + "; ".join(parts)
 
     async def _wait_for_gpus(self, entry: _Entry) -> None:
         """After unloads a GPU may take a moment to show the memory freed; never start a load that does not
@@ -534,25 +484,15 @@ class Residency:
         if not self.pools.live_gpus or not entry.memory.gpu_indices:
             return
         deadline = time.monotonic() + GPU_RECOVERY_S
-        while (short := self._shortfall(entry, [])) and time.monotonic() < deadline:  # noqa: ASYNC110
+        while (short := shortfall(self.pools, entry, self._resident())) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.25)  # polling NVML: nothing signals freed GPU memory
         if short:
-            self._failed(entry, self._no_room(entry, short))
+            self._failed(entry, no_room(self.pools, entry, self._resident(), short))
             raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
 
-    def _measure(self, entry: _Entry, gpu_before: dict[int, int]) -> None:
-        """What the model really took: NVML used after minus before on its GPUs, VmRSS on the host."""
-        after = self.pools.gpu_used(list(gpu_before))
-        for index, used in after.items():
-            entry.memory.measured[f"gpu{index}"] = max(0, used - gpu_before[index])
-        self._measure_rss(entry)
+    def _measure(self, entry: _Entry, gpu_before: dict[int, int] | None = None) -> None:
+        self.pools.measure(entry.memory, entry.deployment.worker.pid, gpu_before)
         self._publish(entry)
-
-    def _measure_rss(self, entry: _Entry) -> None:
-        pid = entry.deployment.worker.pid
-        rss = self.pools.probe.group_rss_bytes(pid) if pid is not None else None
-        if rss is not None:
-            entry.memory.measured[HOST] = max(rss, entry.memory.measured.get(HOST, 0))
 
     # -- unloading --------------------------------------------------------------------------------------
     async def _unload(self, entry: _Entry, reason: str, why: str, *, for_entry: _Entry | None = None) -> None:
@@ -600,8 +540,7 @@ class Residency:
                 last_measure = now
                 for entry in self._resident():
                     if entry.deployment.worker.state is WorkerState.READY:
-                        self._measure_rss(entry)
-                        self._publish(entry)
+                        self._measure(entry)
 
     def _idle_for_long(self, entry: _Entry, now: float) -> bool:
         ttl = entry.deployment.idle_unload_s
