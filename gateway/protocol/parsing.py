@@ -1,7 +1,8 @@
-"""Decoding a Responses or Messages request body into its pydantic model, or a 400 naming the parameter.
+"""Decoding a request body into its pydantic model, or a 400 naming the parameter: one function for every
+API (chat and text completions, embeddings, rerank, Responses, Messages).
 
-The chat path has its own `gateway.protocol.parse_request`; this one serves the translated APIs, whose
-tagged unions (input items, content blocks, tool choices) need their own location clean-up.
+pydantic's error locations carry union-branch labels and discriminator tags; `param_path` drops them so the
+client sees its own parameter path (`messages[0].content[1].type`, or Anthropic's `messages.0.content`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ R = TypeVar("R", bound=_Request)
 _TAGS = frozenset(
     {"message", "function_call", "function_call_output", "reasoning", "other", "input_text", "output_text",
      "refusal", "function", "mode", "text", "json_object", "json_schema", "tool_use", "tool_result", "auto",
-     "any", "tool", "none", "disabled", "enabled", "adaptive", "custom", "image"}
+     "any", "tool", "none", "disabled", "enabled", "adaptive", "custom", "image",
+     "system", "developer", "user", "assistant", "image_url", "input_audio", "file"}
 )  # fmt: skip
 _TAGGED_FIELDS = frozenset({"tool_choice", "format", "thinking"})
 _BRANCH_LABELS = frozenset({"str", "int", "float", "bool"})

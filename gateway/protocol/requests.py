@@ -7,10 +7,9 @@ no meaning for generation (e.g. `metadata` from chat frontends) are ignored, lik
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backends.request import (
     STOP_LIMIT,
@@ -30,7 +29,7 @@ from backends.request import (
     TopLogprobs,
     TopP,
 )
-from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.parsing import parse_body, validation_error
 
 
 class _Body(BaseModel):
@@ -304,55 +303,9 @@ InferenceRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest, EmbeddingRequest)
 
 
-_TAGS = {"system", "developer", "user", "assistant", "tool", "function", "text", "image_url", "input_audio", "file",
-         "refusal", "function-after", "json-or-python"}  # fmt: skip
-
-
-def _param(loc: tuple[int | str, ...]) -> str | None:
-    """pydantic's error location as a client-facing parameter path, e.g. `messages[0].content`."""
-    out = ""
-    previous: int | str | None = None
-    for item in loc:
-        if isinstance(item, int):
-            out += f"[{item}]"
-        elif item == "str" or "[" in item or (isinstance(previous, int) and item in _TAGS):
-            pass  # union-branch labels and discriminator tags are pydantic's, not the client's
-        else:
-            out += ("." if out else "") + item
-        previous = item
-    return out or None
-
-
-def validation_error(exc: ValidationError) -> GatewayError:
-    """pydantic's first error as a 400 naming the client's parameter (e.g. `messages[0].content`)."""
-    first = exc.errors()[0]
-    param = _param(tuple(first["loc"]))
-    if first["type"] == "missing":
-        message = f"missing required parameter: {param}"
-    elif first["type"] == "union_tag_invalid":
-        tag_field = str(first["ctx"]["discriminator"]).strip("'")
-        value = first["input"].get(tag_field) if isinstance(first["input"], dict) else first["input"]
-        param = f"{param}.{tag_field}" if param else tag_field
-        message = f"{param}: unsupported value {value!r} (expected {first['ctx']['expected_tags']})"
-    else:
-        message = f"{param}: {first['msg']}" if param else first["msg"]
-    return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param)
+__all__ = ["parse_request", "validation_error"]
 
 
 def parse_request(raw: bytes, model_type: type[R]) -> R:
     """Decode and validate a request body, or raise a 400 `GatewayError` naming the offending parameter."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-    try:
-        request = model_type.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    problems = request.unsupported()
-    if problems:
-        param, reason = problems[0]
-        raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, reason, param=param)
-    return request
+    return parse_body(raw, model_type)

@@ -8,14 +8,12 @@ Request: `{model, query, documents, top_n?, return_documents?}`. Response: `{mod
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from backends.request import EngineRerankRequest
-from gateway.errors import ErrorCode, GatewayError
-from gateway.protocol.requests import validation_error
+from gateway.protocol.parsing import parse_body
 
 MAX_DOCUMENTS = 2048
 """Documents per request; the worker enforces the same limit (backends/llamacpp/embed_server.MAX_INPUTS)."""
@@ -50,19 +48,13 @@ class RerankRequest(BaseModel):
     def engine_body(self) -> dict[str, Any]:
         return self.engine_request().wire()
 
+    def unsupported(self) -> list[tuple[str, str]]:
+        return []
+
 
 def parse_rerank_request(raw: bytes) -> RerankRequest:
     """Decode and validate a rerank body, or raise a 400 `GatewayError` naming the offending parameter."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-    try:
-        return RerankRequest.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    return parse_body(raw, RerankRequest)
 
 
 class _Out(BaseModel):

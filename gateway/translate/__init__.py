@@ -5,10 +5,10 @@ chat request model), and the chat path's answer (a `chat.completion`, or `chat.c
 into its own objects and stream events. Nothing here does I/O.
 """
 
+from gateway.protocol.parsing import parse_body
 from gateway.translate import messages, responses
 from gateway.translate.ids import new_id
 from gateway.translate.messages_stream import MessagesStream
-from gateway.translate.parsing import parse_body
 from gateway.translate.responses_stream import ResponsesStream
 from gateway.translate.sse import encode_event, encode_events
 
