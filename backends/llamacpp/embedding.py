@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from backends.llamacpp.native import NativeError, init_backend, lib
+from backends.llamacpp.native import Batch, NativeError, init_backend, lib
 
 log = logging.getLogger("voltgate.worker")
 
@@ -95,31 +94,13 @@ def finish_vectors(vectors: Vectors, *, dimensions: int | None, normalize: bool)
     return out
 
 
-class _PassBatch:
-    """A llama_batch over our own arrays, filled with whole sequences at once (sequence i is seq_id i).
-
-    Unlike `native.Batch` (runs appended one at a time, outputs only where asked), every token is an
-    output: a pooled-embedding context needs them all, and says so in its log on every pass otherwise.
-    """
+class _PassBatch(Batch):
+    """`native.Batch` filled with whole sequences at once (sequence i is seq_id i), every token an output:
+    a pooled-embedding context needs them all, and says so in its log on every pass otherwise."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.n_tokens = 0
-        self._token = np.zeros(capacity, dtype=np.int32)
-        self._pos = np.zeros(capacity, dtype=np.int32)
-        self._n_seq_id = np.ones(capacity, dtype=np.int32)
-        self._seq_id = np.zeros(capacity, dtype=np.int32)
-        self._logits = np.ones(capacity, dtype=np.int8)
-        int_p = ctypes.POINTER(ctypes.c_int32)
-        base = self._seq_id.ctypes.data
-        self._seq_id_rows = (int_p * capacity)(*(ctypes.cast(base + 4 * i, int_p) for i in range(capacity)))
-        self.raw = lib.llama_batch()
-        self.raw.n_tokens = 0
-        self.raw.token = self._token.ctypes.data_as(int_p)
-        self.raw.pos = self._pos.ctypes.data_as(int_p)
-        self.raw.n_seq_id = self._n_seq_id.ctypes.data_as(int_p)
-        self.raw.seq_id = ctypes.cast(self._seq_id_rows, ctypes.POINTER(int_p))
-        self.raw.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        super().__init__(capacity)
+        self._logits[:] = 1
 
     def fill(self, sequences: Sequence[Sequence[int]]) -> None:
         lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
