@@ -144,7 +144,9 @@ class WorkerProcess:
         detail = f" (last error: {self.last_error})" if self.last_error and self.state is WorkerState.FAILED else ""
         verb = "is loading" if self.state is WorkerState.STARTING and self.restarts == 0 else "is restarting"
         if self.state is WorkerState.FAILED:
-            verb = "is unavailable and will be restarted"
+            verb = "is unavailable" + (" and will be restarted" if self._restart else "")
+        elif self.state is WorkerState.STOPPED:
+            verb = "is waiting to start"  # e.g. a pinned GPU model whose turn at boot has not come
         raise GatewayError(
             ErrorCode.WORKER_UNAVAILABLE,
             f"model {self.name!r} {verb}; retry shortly{detail}",
