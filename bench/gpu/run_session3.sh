@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# ON THE GPU MACHINE (one H200), from the repo root, .gpu/ carried; one device call per invocation, back to back
+# on the warm machine (state in /tmp/gpu and /tmp/s3 survives between calls there):
+#   VG_COMMIT=<sha> CALL=1 bash bench/gpu/run_session3.sh $OUT setup features pvm:tm-fp16-32gb gguf-wait:200 ...
+# Steps, run in the order given, each skipped when less time is left than it needs (BUDGET seconds per call):
+#   setup              LMDeploy pack, extra wheels, lmdeploy shim; the llama.cpp CUDA build and then the GGUF
+#                      conversion (prepare_gguf.sh: 7b F16, Q8_0, Q4_K_M) start in the background (setsid)
+#   models             random-weight HF models, 1b and 7b shapes (make_model.py, on the GPU, before any hold)
+#   features           issues #11/#12/#14: TurboMind FP16 1b via voltgate serve (tm-1b-features.yaml, lmdeploy
+#                      tool_parser qwen), H200 held to a V100-16GB's free memory: plan --json, /v1/models,
+#                      bench.gpu.turbomind_features
+#   gguf-wait:N        wait up to N s for the GGUF files
+#   pvm:A,B,...        issue #16: bench.gpu.predict_vs_measure on those scenarios of configs/pvm-scenarios.yaml
+#   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
+#   embed              issue #13: bge-base-shaped random BERT GGUF, bench.gpu.embeddings_gpu (all layers on GPU)
+# Everything lands in /tmp/s3/results and is packed into $OUT/results_call$CALL.tar.gz at the end.
+set -uo pipefail
+OUT=${1:?usage: run_session3.sh OUT STEP...}; shift
+CALL=${CALL:-0}; BUDGET=${BUDGET:-540}; PORT=${PORT:-8000}
+export G=/tmp/gpu
+R=/tmp/s3/results; mkdir -p "$R" "$G"
+exec > >(tee -a "$R/run_session3.log") 2>&1
+stamp() { echo "== [call $CALL $(date +%T) +${SECONDS}s] $*"; }
+left() { echo $((BUDGET - SECONDS)); }
+pack() {
+  stamp "packing"
+  tail -c 2000000 "$G/llama_build.log" > "$R/llama_build_tail.log" 2> /dev/null
+  cp "$G/prepare_gguf.log" "$R/" 2> /dev/null; cp "$G/gguf/convert.jsonl" "$R/" 2> /dev/null
+  tar czf "$OUT/results_call$CALL.tar.gz" -C /tmp/s3 results
+  cp "$R/run_session3.log" "$OUT/"
+  for f in "$R"/pvm/predict_vs_measure.md "$R"/features/features.jsonl; do [[ -f $f ]] && cp "$f" "$OUT/"; done
+  ls -la "$OUT"
+}
+trap pack EXIT
+stamp "start: $*"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+echo "commit ${VG_COMMIT:-unknown}" >> "$R/commits.txt"
+
+env_on() {
+  source "$G/env.sh"
+  export PYTHONPATH=$PWD:/tmp/site2:$PYTHONPATH PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
+}
+
+end_leftover_on_port() {  # a gateway a killed step left behind: end it by its pid
+  local pid
+  for pid in $(ss -ltnpH "sport = :$PORT" 2> /dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    echo "ending leftover pid $pid on :$PORT"; kill -TERM "$pid"; sleep 5; kill -KILL "$pid" 2> /dev/null
+  done
+}
+
+hold_pid=""
+hold() {  # $1 = MiB to leave free
+  python3 .gpu/hold_memory.py --leave-free-mib "$1" > "$R/hold_$1.log" 2>&1 & hold_pid=$!
+  for _ in $(seq 1 120); do grep -q holding "$R/hold_$1.log" && break; kill -0 $hold_pid 2> /dev/null || break; sleep 0.5; done
+  cat "$R/hold_$1.log"
+}
+unhold() { [[ -n $hold_pid ]] && { kill -TERM $hold_pid; wait $hold_pid 2> /dev/null; hold_pid=""; }; }
+
+wait_ready() {  # $1 = gateway pid, $2 = seconds
+  for _ in $(seq 1 "$2"); do
+    curl -sf http://127.0.0.1:$PORT/ready > /dev/null && return 0
+    kill -0 "$1" 2> /dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
+
+step_setup() {
+  if [[ ! -f $G/env.sh ]]; then
+    bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$R/setup_lmdeploy.log" 2>&1 || { tail -30 "$R/setup_lmdeploy.log"; return 1; }
+  fi
+  tail -3 "$R/setup_lmdeploy.log"
+  if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
+    touch $G/llama_build.started
+    setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" > /dev/null 2>&1 < /dev/null &
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+  mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
+  env_on
+  python3 -c "import lmdeploy, gateway.app, gateway.cli; print('lmdeploy', lmdeploy.__version__)"
+}
+
+step_models() {
+  env_on
+  for s in 1b 7b; do
+    [[ -f $G/models/$s/config.json && -f $G/models/$s/made ]] && continue
+    python3 .gpu/make_model.py $G/models/$s --shape $s > "$R/make_model_$s.log" 2>&1 && touch $G/models/$s/made
+    tail -1 "$R/make_model_$s.log"
+  done
+  # the GGUF conversion waits for the build, then converts the 7b (CPU only) in the background
+  if [[ ! -f $G/gguf/ready && ! -f $G/gguf.started ]]; then
+    touch $G/gguf.started
+    setsid nohup nice -n 5 bash bench/gpu/prepare_gguf.sh > $G/prepare_gguf.log 2>&1 < /dev/null &
+  fi
+}
+
+step_features() {
+  env_on; end_leftover_on_port
+  local D=$R/features C=${FEATURES_CONFIG:-bench/gpu/configs/tm-1b-features.yaml} M=${FEATURES_MODEL:-tm}
+  mkdir -p "$D"
+  hold 16160
+  python3 -m gateway plan --config $C --gpus auto --json > "$D/plan_tm-1b-16gb.json" 2> "$D/plan_stderr.txt"
+  python3 -m gateway plan --config $C --gpus auto > "$D/plan_tm-1b-16gb.txt" 2>&1
+  python3 -m gateway serve --config $C --gpus auto --port $PORT > "$D/gateway_tm-1b-16gb.log" 2>&1 & local gw=$!
+  if wait_ready $gw 240; then
+    stamp "features: gateway ready"
+    curl -s http://127.0.0.1:$PORT/v1/models > "$D/v1_models.json"; cat "$D/v1_models.json"; echo
+    curl -s http://127.0.0.1:$PORT/v1/placement > "$D/v1_placement.json"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee "$D/gpu_mem.txt"
+    timeout 240 python3 -m bench.gpu.turbomind_features --base-url http://127.0.0.1:$PORT --model $M \
+      --out "$D/features.jsonl" 2> "$D/features_stderr.txt"
+    cat "$D/features_stderr.txt"
+  else
+    stamp "features: gateway NOT READY"; tail -40 "$D/gateway_tm-1b-16gb.log"
+  fi
+  kill -TERM $gw 2> /dev/null; wait $gw 2> /dev/null
+  unhold
+}
+
+step_gguf_wait() {  # $1 = seconds
+  local n=$(( ($1 < $(left) - 100 ? $1 : $(left) - 100) / 3 ))
+  for _ in $(seq 1 $n); do [[ -f $G/gguf/ready ]] && break; [[ -f $G/llama_build.rc && $(cat $G/llama_build.rc) != 0 ]] && break; sleep 3; done
+  stamp "gguf ready: $([[ -f $G/gguf/ready ]] && echo yes || echo no); build rc $(cat $G/llama_build.rc 2> /dev/null || echo running)"
+  ls -la $G/gguf 2> /dev/null; tail -3 $G/prepare_gguf.log 2> /dev/null
+  [[ -f $G/gguf/ready ]]
+}
+
+step_pvm() {  # $1 = comma-separated scenario names
+  env_on; end_leftover_on_port
+  local names=${1//,/ }
+  timeout -s TERM $(($(left) - 20)) python3 -m bench.gpu.predict_vs_measure run \
+    --scenarios ${PVM_SCENARIOS:-bench/gpu/configs/pvm-scenarios.yaml} --only $names --gpus auto --out-dir "$R/pvm" \
+    --hold-script .gpu/hold_memory.py --python python3 --port $PORT --skip-done --commit "${VG_COMMIT:-unknown}" 2>&1 | grep -v '^\s*$'
+  end_leftover_on_port
+}
+
+step_swap() {  # bench/gpu/swap.py (its run_swap.sh's steps, with this script's setup, hold and time limit)
+  env_on; end_leftover_on_port
+  [[ -f bench/gpu/swap.py ]] || { stamp "swap: bench/gpu/swap.py does not exist in this tree"; return 1; }
+  [[ -f $G/gguf/ready ]] || { stamp "swap: the GGUF files are not ready"; return 1; }
+  local D=$R/swap C=bench/gpu/configs/swap-7b.yaml; mkdir -p "$D"
+  [[ -f $D/swap.json ]] && grep -q '"fatal": null' "$D/swap.json" && { stamp "swap: already done"; return 0; }
+  hold 32510
+  COLUMNS=160 python3 -m gateway plan --config $C > "$D/plan_swap.txt" 2>&1; cat "$D/plan_swap.txt"
+  python3 -m gateway plan --config $C --json > "$D/plan_swap.json" 2>&1
+  timeout -s TERM $(($(left) - 25)) python3 -m bench.gpu.swap --config $C --output "$D/swap.json" \
+    --rounds "${ROUNDS:-2}" --concurrency "${CONCURRENCY:-4}" --port $PORT
+  echo "swap.py exit $?"
+  { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } > "$D/gpu_mem_after.txt"
+  end_leftover_on_port
+  unhold
+}
+
+step_embed() {
+  env_on
+  local D=$R/embed; mkdir -p "$D"
+  [[ -f $G/bge-base-shape.gguf ]] || python3 -m bench.gpu.bert_gguf $G/bge-base-shape.gguf
+  timeout -s TERM $(($(left) - 10)) python3 -m bench.gpu.embeddings_gpu --model $G/bge-base-shape.gguf --seconds 20 \
+    --log-dir "$D" --out "$D/embeddings-bge-base-shape-gpu.json" 2>&1 | tail -6
+  if (($(left) > 60)); then
+    timeout -s TERM $(($(left) - 10)) python3 -m bench.gpu.embeddings_gpu --model $G/bge-base-shape.gguf --seconds 20 \
+      --n-batch 4096 --ctx 512 --log-dir "$D" --out "$D/embeddings-bge-base-shape-gpu-nbatch4096.json" 2>&1 | tail -6
+  fi
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$D/gpu_mem_after.txt"
+}
+
+need() {  # $1 = step, $2 = seconds it needs
+  if (($(left) < $2)); then stamp "SKIP $1: $(left) s left, needs $2"; return 1; fi
+  stamp "step $1"
+}
+
+for s in "$@"; do
+  case $s in
+    setup) need setup 60 && step_setup ;;
+    models) need models 60 && step_models ;;
+    features) need features 120 && step_features ;;
+    gguf-wait:*) need "$s" 10 && step_gguf_wait "${s#gguf-wait:}" ;;
+    pvm:*) need "$s" 90 && step_pvm "${s#pvm:}" ;;
+    swap) need swap 170 && step_swap ;;
+    embed) need embed 50 && step_embed ;;
+    *) stamp "unknown step $s" ;;
+  esac
+done
+stamp "end"
