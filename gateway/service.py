@@ -72,9 +72,7 @@ class Service:
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
 
     # -- entry point ------------------------------------------------------------------------------------
-    async def handle(
-        self, parsed: ServedRequest, request: Request, ctx: RequestContext
-    ) -> UnaryResult | StreamSession:
+    async def handle(self, parsed: ServedRequest, request: Request, ctx: RequestContext) -> UnaryResult | StreamSession:
         try:
             deployment = self.registry.resolve(parsed.model)
         except GatewayError as exc:
