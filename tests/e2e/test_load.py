@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.conftest import Gateway
 from tests.e2e.streams import SSE, chat_body, counting_body, stream, wait_until_idle, worker_health
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLIENTS = 64
 REQUESTS = 128

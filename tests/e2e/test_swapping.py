@@ -24,7 +24,7 @@ from tests.conftest import REPO, free_port
 from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
 from tests.e2e.streams import SSE, chat_body, counting_body, metric, scrape, stream
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SWAP_BUDGET = 700_000_000  # the pinned model and two on-demand ones, never three
 ONE_BUDGET = 330_000_000  # exactly one on-demand model

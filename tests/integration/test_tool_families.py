@@ -21,7 +21,7 @@ import pytest
 from tests.fixtures.gguf_templates import retemplated_gguf, template_text
 from tests.integration.test_llamacpp_worker import MODEL, start_worker, stop
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCHEMA = {
     "type": "object",
