@@ -395,50 +395,44 @@ class _Handlers:
         return JSONResponse({"object": "list", "data": [model]})
 
 
+async def _load(spec: EmbedSpec, state: _State, on_fatal: Callable[[str], None]) -> None:
+    """Load the model off the event loop and start its engine; a failure is fatal for the worker."""
+    started = time.monotonic()
+    try:
+        model = await asyncio.to_thread(EmbeddingModel, spec.model_path, spec.options)
+    except Exception as exc:
+        log.error("loading %s failed: %s", spec.model_path, exc)
+        on_fatal(f"loading failed: {exc}")
+        return
+    try:
+        _check_task(spec, model)
+    except ValueError as exc:
+        model.close()
+        log.error("%s", exc)
+        on_fatal(str(exc))
+        return
+    if state.closing:
+        model.close()
+        return
+    engine = EmbeddingEngine(model, max_queue=spec.max_queue, on_fatal=on_fatal)
+    engine.start()
+    state.engine = engine
+    log.info(
+        "loaded %s model %s from %s in %.1fs (pooling=%s dim=%d max_input=%d n_batch=%d inputs/pass=%d%s)",
+        spec.task, spec.model_name, spec.model_path, time.monotonic() - started, model.pooling, model.n_out,
+        model.max_input_tokens, model.n_batch, model.n_seq_max, " matryoshka" if spec.matryoshka else "",
+    )  # fmt: skip
+
+
 def create_app(spec: EmbedSpec, on_fatal: Callable[[str], None]) -> WorkerApp:
     """The embedding worker's ASGI app; the model loads on a thread while /health answers 503."""
     state = _State(spec)
     handlers = _Handlers(state)
 
-    async def load() -> None:
-        started = time.monotonic()
-        try:
-            model = await asyncio.to_thread(EmbeddingModel, spec.model_path, spec.options)
-        except Exception as exc:
-            log.error("loading %s failed: %s", spec.model_path, exc)
-            on_fatal(f"loading failed: {exc}")
-            return
-        try:
-            _check_task(spec, model)
-        except ValueError as exc:
-            model.close()
-            log.error("%s", exc)
-            on_fatal(str(exc))
-            return
-        if state.closing:
-            model.close()
-            return
-        engine = EmbeddingEngine(model, max_queue=spec.max_queue, on_fatal=on_fatal)
-        engine.start()
-        state.engine = engine
-        log.info(
-            "loaded %s model %s from %s in %.1fs (pooling=%s dim=%d max_input=%d n_batch=%d inputs/pass=%d%s)",
-            spec.task,
-            spec.model_name,
-            spec.model_path,
-            time.monotonic() - started,
-            model.pooling,
-            model.n_out,
-            model.max_input_tokens,
-            model.n_batch,
-            model.n_seq_max,
-            " matryoshka" if spec.matryoshka else "",
-        )
-
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         state.loop = asyncio.get_running_loop()
-        loader = asyncio.create_task(load(), name="model-loader")
+        loader = asyncio.create_task(_load(spec, state, on_fatal), name="model-loader")
         try:
             yield
         finally:

@@ -36,7 +36,7 @@ def _non_negative(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Long but flat: one declaration per flag, read top to bottom like --help.
+    # long: flat, one declaration per flag, read top to bottom like --help.
     p = argparse.ArgumentParser(prog="python -m backends.llamacpp.worker", description=__doc__)
     p.add_argument("--model", required=True, type=Path, help="GGUF file")
     p.add_argument("--model-name", required=True, help="the name clients use in `model`")

@@ -137,6 +137,7 @@ def fit_turbomind(
     prefill_tokens: int | None = None,
     extra_kv: bool = False,
 ) -> TurboMindFit | Shortfall:
+    # long: the memory terms in the order they are spent, each named where it is computed.
     """Does TurboMind serve `concurrency` sessions of `session_len` on these GPUs (tp = their number), each
     showing `free_bytes` free when the worker starts? The KV cache gets sessions x 1.10 (or, with `extra_kv`,
     up to lmdeploy's 0.8 of what is free after the weights); `cache_max_entry_count` is that KV over the
@@ -260,6 +261,7 @@ def fit_llamacpp(
     n_offload: int,
     kv_element_bytes: float = 2.0,
 ) -> LlamaCppFit | Shortfall:
+    # long: the memory terms in the order they are spent, each named where it is computed.
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
     llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);

@@ -6,6 +6,7 @@ import functools
 import json
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,6 +115,7 @@ def inspect_source(source: ModelSource, base_dir: Path) -> SourceInfo:
 
 
 def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") -> SourceInfo:
+    # long: one config.json field after another, with the fallbacks each architecture family needs.
     """config.json for the shape, safetensors headers (all shards) for exact tensor sizes."""
     if not path.exists():
         raise InspectionError(f"source not found: {path}")
@@ -277,6 +279,40 @@ def inspect_gguf(path: Path) -> SourceInfo:
     return _inspect_gguf_files(path, identity)
 
 
+@dataclass
+class _GGUFTally:
+    """A GGUF's tensor bytes by where llama.cpp puts them: per block, token embedding, everything else."""
+
+    layers: list[int]
+    embedding: int = 0
+    other: int = 0
+    n_params: int = 0
+    weights: int = 0
+    has_output: bool = False
+    by_type: Counter[str] = field(default_factory=Counter)
+
+
+def _tally(readers: list[Any], n_layers: int) -> _GGUFTally:
+    """Sum the tensors of every file of a (possibly split) GGUF."""
+    tally = _GGUFTally(layers=[0] * n_layers)
+    for reader in readers:
+        for t in reader.tensors:
+            nbytes = int(t.n_bytes)
+            tally.weights += nbytes
+            tally.n_params += int(t.n_elements)
+            if len(t.shape) >= 2:
+                tally.by_type[t.tensor_type.name] += nbytes
+            match = _GGUF_LAYER.match(t.name)
+            if match and int(match.group(1)) < n_layers:
+                tally.layers[int(match.group(1))] += nbytes
+            elif t.name == "token_embd.weight":
+                tally.embedding += nbytes
+            else:
+                tally.other += nbytes
+                tally.has_output = tally.has_output or t.name == "output.weight"
+    return tally
+
+
 @functools.lru_cache(maxsize=64)
 def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) -> SourceInfo:
     files = [Path(name) for name, _, _ in identity]
@@ -305,27 +341,9 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     ffn = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length", 4 * int(hidden))
     tokens = meta.fields.get("tokenizer.ggml.tokens")
 
-    layers = [0] * int(n_layers)
-    embedding = other = n_params = weights = 0
-    by_type: Counter[str] = Counter()
-    has_output = False
-    for reader in readers:
-        for t in reader.tensors:
-            nbytes, numel = int(t.n_bytes), int(t.n_elements)
-            weights += nbytes
-            n_params += numel
-            if len(t.shape) >= 2:
-                by_type[t.tensor_type.name] += nbytes
-            match = _GGUF_LAYER.match(t.name)
-            if match and int(match.group(1)) < len(layers):
-                layers[int(match.group(1))] += nbytes
-            elif t.name == "token_embd.weight":
-                embedding += nbytes
-            else:
-                other += nbytes
-                has_output = has_output or t.name == "output.weight"
+    tally = _tally(readers, int(n_layers))
     warnings = []
-    label = _gguf_label(field("general.file_type"), by_type)
+    label = _gguf_label(field("general.file_type"), tally.by_type)
     if label == "BF16":
         warnings.append("BF16 GGUF: V100 has no BF16 arithmetic; an F16 or Q8_0 GGUF runs better")
     return SourceInfo(
@@ -346,12 +364,12 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
             n_experts_used=int(field(f"{arch}.expert_used_count", 0)),
             kv_heads_per_layer=kv_per_layer,
         ),
-        weights_bytes=weights,
-        layer_bytes=tuple(layers),
-        embedding_bytes=embedding,
-        output_bytes=other,
-        tied_embeddings=not has_output,
-        n_params=n_params,
+        weights_bytes=tally.weights,
+        layer_bytes=tuple(tally.layers),
+        embedding_bytes=tally.embedding,
+        output_bytes=tally.other,
+        tied_embeddings=not tally.has_output,
+        n_params=tally.n_params,
         file_bytes=sum(f.stat().st_size for f in files),
         quant=label,
         warnings=tuple(warnings),
