@@ -86,13 +86,7 @@ def create_app(
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
             context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)
             app.state.voltgate = context
-            if keys.open_mode:
-                log.warning(
-                    "OPEN MODE: no API keys configured, anyone who can reach %s:%s can use every model",
-                    config.server.host, config.server.port,
-                )  # fmt: skip
-            for name, reason in context.registry.refused.items():
-                log.error("model %s not served: %s", name, reason)
+            _announce(config, keys, registry)
             await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
             try:
@@ -118,6 +112,22 @@ def create_app(
     app.include_router(admin.router)
     _install_error_handlers(app)
     install_openapi(app)
+    _install_middleware(app, config)
+    return app
+
+
+def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
+    """What an operator must see at start: open mode, and every model that is not served."""
+    if keys.open_mode:
+        log.warning(
+            "OPEN MODE: no API keys configured, anyone who can reach %s:%s can use every model",
+            config.server.host, config.server.port,
+        )  # fmt: skip
+    for name, reason in registry.refused.items():
+        log.error("model %s not served: %s", name, reason)
+
+
+def _install_middleware(app: FastAPI, config: Config) -> None:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
     if config.server.cors_origins:  # browser frontends served from another origin
         app.add_middleware(
@@ -128,7 +138,6 @@ def create_app(
             expose_headers=["x-request-id", "openai-processing-ms", "retry-after"],
         )
     app.add_middleware(RequestIdMiddleware)
-    return app
 
 
 def _deployment(

@@ -32,8 +32,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from gateway.config import ServerSettings
@@ -42,6 +40,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.eviction import choose_victims, eviction_reason, no_room, shortfall
 from gateway.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
 from gateway.metrics import Metrics
+from gateway.resident import Hold, ModelState, Progress, Resident
 from gateway.workers import WorkerStartError, WorkerState
 
 __all__ = ["Hold", "ModelState", "Progress", "Residency"]
@@ -57,84 +56,6 @@ MEASURE_INTERVAL_S = 5.0
 GPU_RECOVERY_S = 5.0
 """After an unload, how long a GPU may take to show the freed memory before a load is refused."""
 STOP_GRACE_S = 10.0
-
-
-class ModelState(StrEnum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
-
-
-_WORKER_STATES = {
-    WorkerState.STOPPED: ModelState.UNLOADED,
-    WorkerState.STARTING: ModelState.LOADING,
-    WorkerState.READY: ModelState.READY,
-    WorkerState.STOPPING: ModelState.DRAINING,
-    WorkerState.FAILED: ModelState.FAILED,
-}
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a load stands: `phase` changes with each step (making room, starting the worker)."""
-
-    model: str
-    phase: str
-    elapsed_s: float
-
-    @property
-    def text(self) -> str:
-        return f"loading model {self.model!r}: {self.phase} ({self.elapsed_s:.0f} s)"
-
-
-class Hold:
-    """A request's claim on a loaded model: while any is held the model is not unloaded. `release()` is
-    idempotent; the request's `RequestScope.finish()` calls it on every path."""
-
-    def __init__(self, residency: Residency, entry: _Entry) -> None:
-        self._residency = residency
-        self._entry = entry
-        self.released = False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self._residency._released(self._entry)
-
-
-@dataclass(eq=False)
-class _Entry:
-    deployment: Deployment
-    memory: ModelMemory
-    state: ModelState = ModelState.UNLOADED
-    holds: int = 0
-    pending: set[asyncio.Future[Hold]] = field(default_factory=set)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    last_used: float | None = None
-    last_used_wall: float | None = None
-    load_task: asyncio.Task[None] | None = None
-    reaping: bool = False
-    progress: str | None = None
-    phase_started: float = 0.0
-    loads: int = 0
-    last_load_s: float | None = None
-    ready_at: float | None = None
-    error: str | None = None
-    retry_at: float | None = None
-    failures: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.deployment.name
-
-    @property
-    def pinned(self) -> bool:
-        return self.deployment.load == "always"
-
-    def __post_init__(self) -> None:
-        self.idle.set()
 
 
 class Residency:
@@ -153,7 +74,7 @@ class Residency:
         self._metrics = metrics
         self.pools = pools
         self._memory = dict(memory or {})
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Resident] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -249,17 +170,11 @@ class Residency:
 
     def progress(self, deployment: Deployment) -> Progress:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
-        entry = self._entry(deployment)
-        return Progress(entry.name, entry.progress or "loading", time.monotonic() - entry.phase_started)
+        return self._entry(deployment).progress_now()
 
     def state(self, deployment: Deployment) -> ModelState:
         """For display (/v1/models, /ready, /admin/models); never a precondition."""
-        entry = self._entry(deployment)
-        if entry.pinned:
-            return _WORKER_STATES[deployment.worker.state]
-        if entry.state is ModelState.READY and deployment.worker.state is not WorkerState.READY:
-            return ModelState.FAILED  # it died a moment ago; `on_worker_state` is about to record it
-        return entry.state
+        return self._entry(deployment).shown_state()
 
     def on_worker_state(self, name: str, state: WorkerState) -> None:
         """Called on every worker state change: an on-demand worker that dies while serving frees its memory
@@ -301,33 +216,8 @@ class Residency:
                 await self._unload(entry, "admin", f"an admin asked to unload {entry.name!r}")
 
     def describe(self, deployment: Deployment) -> dict[str, Any]:
-        """The admin view of one model."""
-        entry = self._entry(deployment)
-        now = time.monotonic()
-        memory = {
-            pool: {
-                "estimated_bytes": entry.memory.estimated.get(pool),
-                "measured_bytes": entry.memory.measured.get(pool),
-            }
-            for pool in sorted({*entry.memory.estimated, *entry.memory.measured})
-        }
-        return {
-            "model": entry.name,
-            "load": deployment.load,
-            "state": self.state(deployment).value,
-            "worker": deployment.worker.state.value,
-            "idle_unload_s": deployment.idle_unload_s,
-            "in_flight": entry.holds,
-            "waiting": len(entry.pending),
-            "last_used": _iso(entry.last_used_wall),
-            "idle_s": round(now - entry.last_used, 1) if entry.last_used is not None and not entry.holds else None,
-            "memory": memory,
-            "loads": entry.loads,
-            "last_load_s": round(entry.last_load_s, 2) if entry.last_load_s is not None else None,
-            "progress": self.progress(deployment).text if entry.state is ModelState.LOADING else None,
-            "error": entry.error if self.state(deployment) is ModelState.FAILED else None,
-            "retry_in_s": round(max(0.0, entry.retry_at - now), 1) if entry.retry_at and entry.error else None,
-        }
+        """The admin view of one model (`Resident.describe`)."""
+        return self._entry(deployment).describe()
 
     def budgets(self) -> dict[str, dict[str, int | None]]:
         """Per pool: the budget, what the models in memory hold (measured or estimated), and what is free."""
@@ -343,47 +233,45 @@ class Residency:
         return out
 
     # -- holds ------------------------------------------------------------------------------------------
-    def _entry(self, deployment: Deployment) -> _Entry:
+    def _entry(self, deployment: Deployment) -> Resident:
         entry = self._entries.get(deployment.name)
         if entry is None:
             memory = self._memory.get(deployment.name) or ModelMemory()
-            entry = _Entry(deployment, memory)
+            entry = Resident(deployment, memory)
             self._entries[deployment.name] = entry
             self._publish(entry)
         return entry
 
-    def _all(self) -> list[_Entry]:
+    def _all(self) -> list[Resident]:
         return [self._entry(d) for d in self._registry]
 
-    def _grant(self, entry: _Entry) -> Hold:
+    def _grant(self, entry: Resident) -> Hold:
         entry.holds += 1
         entry.idle.clear()
-        self._touch(entry)
-        return Hold(self, entry)
+        entry.touch()
 
-    def _released(self, entry: _Entry) -> None:
-        entry.holds -= 1
-        self._touch(entry)
-        if entry.holds == 0:
-            entry.idle.set()
+        def release() -> None:
+            entry.holds -= 1
+            entry.touch()
+            if entry.holds == 0:
+                entry.idle.set()
 
-    def _touch(self, entry: _Entry) -> None:
-        entry.last_used, entry.last_used_wall = time.monotonic(), time.time()
+        return Hold(release)
 
-    def _grant_pending(self, entry: _Entry) -> None:
+    def _grant_pending(self, entry: Resident) -> None:
         for waiter in entry.pending:
             if not waiter.done():
                 waiter.set_result(self._grant(entry))
         entry.pending.clear()
 
-    def _fail_pending(self, entry: _Entry, error: Callable[[], GatewayError]) -> None:
+    def _fail_pending(self, entry: Resident, error: Callable[[], GatewayError]) -> None:
         for waiter in entry.pending:
             if not waiter.done():
                 waiter.set_exception(error())
         entry.pending.clear()
 
     # -- loading ----------------------------------------------------------------------------------------
-    def _kick(self, entry: _Entry) -> None:
+    def _kick(self, entry: Resident) -> None:
         """Start a load for waiters of a model that is not loaded and has no load on the way."""
         if self._closing or not entry.pending or entry.load_task is not None:
             return
@@ -391,7 +279,7 @@ class Residency:
             self._set_state(entry, ModelState.LOADING, "waiting for other loads and unloads to finish")
             entry.load_task = asyncio.create_task(self._load(entry), name=f"load:{entry.name}")
 
-    async def _load(self, entry: _Entry) -> None:
+    async def _load(self, entry: Resident) -> None:
         try:
             async with self._lock:
                 if not entry.pending:  # everyone gave up while it waited for its turn
@@ -412,7 +300,7 @@ class Residency:
         finally:
             entry.load_task = None
 
-    async def _start(self, entry: _Entry) -> None:
+    async def _start(self, entry: Resident) -> None:
         worker = entry.deployment.worker
         before = self.pools.gpu_used(entry.memory.gpu_indices)
         started = time.monotonic()
@@ -435,7 +323,7 @@ class Residency:
         self._set_state(entry, ModelState.READY)
         self._grant_pending(entry)
 
-    def _failed(self, entry: _Entry, message: str) -> None:
+    def _failed(self, entry: Resident, message: str) -> None:
         entry.failures += 1
         backoff = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (entry.failures - 1))
         entry.error, entry.retry_at = message, time.monotonic() + backoff
@@ -443,15 +331,15 @@ class Residency:
         self._set_state(entry, ModelState.FAILED)
         self._fail_pending(entry, lambda: self._failure(entry))
 
-    def _failure(self, entry: _Entry) -> GatewayError:
+    def _failure(self, entry: Resident) -> GatewayError:
         left = max(1.0, (entry.retry_at or 0.0) - time.monotonic())
         return GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "failed to load", retry_after_s=left)
 
-    def _raise_if_failed(self, entry: _Entry) -> None:
+    def _raise_if_failed(self, entry: Resident) -> None:
         if entry.state is ModelState.FAILED and entry.retry_at is not None and time.monotonic() < entry.retry_at:
             raise self._failure(entry)
 
-    def _still_loading(self, entry: _Entry, waited_s: float) -> GatewayError:
+    def _still_loading(self, entry: Resident, waited_s: float) -> GatewayError:
         expected = entry.last_load_s or 10.0
         return GatewayError(
             ErrorCode.WORKER_UNAVAILABLE,
@@ -461,11 +349,11 @@ class Residency:
         )
 
     # -- memory -----------------------------------------------------------------------------------------
-    def _resident(self) -> list[_Entry]:
+    def _resident(self) -> list[Resident]:
         """The models holding memory: the pinned ones, and on-demand ones READY or DRAINING."""
         return [e for e in self._all() if e.pinned or e.state in (ModelState.READY, ModelState.DRAINING)]
 
-    async def _make_room(self, entry: _Entry) -> None:
+    async def _make_room(self, entry: Resident) -> None:
         """Unload what must go for `entry` to fit (`gateway.eviction`: idle models least recently used
         first, then busy ones, drained); or raise, with the numbers, when even that would not be enough."""
         residents = self._resident()
@@ -478,7 +366,7 @@ class Residency:
             await self._unload(victim, "memory", eviction_reason(victim, entry), for_entry=entry)
         await self._wait_for_gpus(entry)
 
-    async def _wait_for_gpus(self, entry: _Entry) -> None:
+    async def _wait_for_gpus(self, entry: Resident) -> None:
         """After unloads a GPU may take a moment to show the memory freed; never start a load that does not
         fit by NVML (a clear refusal beats an out-of-memory crash)."""
         if not self.pools.live_gpus or not entry.memory.gpu_indices:
@@ -490,12 +378,12 @@ class Residency:
             self._failed(entry, no_room(self.pools, entry, self._resident(), short))
             raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
 
-    def _measure(self, entry: _Entry, gpu_before: dict[int, int] | None = None) -> None:
+    def _measure(self, entry: Resident, gpu_before: dict[int, int] | None = None) -> None:
         self.pools.measure(entry.memory, entry.deployment.worker.pid, gpu_before)
         self._publish(entry)
 
     # -- unloading --------------------------------------------------------------------------------------
-    async def _unload(self, entry: _Entry, reason: str, why: str, *, for_entry: _Entry | None = None) -> None:
+    async def _unload(self, entry: Resident, reason: str, why: str, *, for_entry: Resident | None = None) -> None:
         """Drain (holds only end), then stop. Runs under the lock. Raises when the drain bound passes."""
         self._set_state(entry, ModelState.DRAINING, "unloading")
         if entry.holds:
@@ -542,7 +430,7 @@ class Residency:
                     if entry.deployment.worker.state is WorkerState.READY:
                         self._measure(entry)
 
-    def _idle_for_long(self, entry: _Entry, now: float) -> bool:
+    def _idle_for_long(self, entry: Resident, now: float) -> bool:
         ttl = entry.deployment.idle_unload_s
         return (
             ttl is not None
@@ -553,7 +441,7 @@ class Residency:
             and now - entry.last_used >= ttl
         )
 
-    async def _reap(self, entry: _Entry) -> None:
+    async def _reap(self, entry: Resident) -> None:
         try:
             async with self._lock:
                 if self._idle_for_long(entry, time.monotonic()):
@@ -563,7 +451,7 @@ class Residency:
         finally:
             entry.reaping = False
 
-    async def _boot(self, entries: list[_Entry]) -> None:
+    async def _boot(self, entries: list[Resident]) -> None:
         """Pinned models on GPUs start one after another (TurboMind sizes its KV cache from the memory free
         when it starts), each measured; a failed start is left to its supervisor's restarts."""
         async with self._lock:
@@ -577,13 +465,13 @@ class Residency:
                 self._measure(entry, before)
 
     # -- bookkeeping ------------------------------------------------------------------------------------
-    def _set_state(self, entry: _Entry, state: ModelState, progress: str | None = None) -> None:
+    def _set_state(self, entry: Resident, state: ModelState, progress: str | None = None) -> None:
         if progress != entry.progress or state is not entry.state:
             entry.phase_started = time.monotonic()
         entry.state, entry.progress = state, progress
         self._publish(entry)
 
-    def _publish(self, entry: _Entry) -> None:
+    def _publish(self, entry: Resident) -> None:
         self._metrics.set_model_state(entry.name, self.state(entry.deployment).value, [s.value for s in ModelState])
         for pool, n in entry.memory.estimated.items():
             self._metrics.model_memory.labels(entry.name, pool, "estimated").set(n)
@@ -594,9 +482,3 @@ class Residency:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _iso(wall: float | None) -> str | None:
-    if wall is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))

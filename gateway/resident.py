@@ -1,0 +1,144 @@
+"""One model as the residency manager keeps it (`Resident`): its state, the holds requests keep on it, the
+requests waiting for its load, its memory and load history; and the admin view of it.
+
+Only `gateway.residency` changes a `Resident`; everything here reads or counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gateway.deployments import Deployment
+from gateway.memory import ModelMemory
+from gateway.workers import WorkerState
+
+
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+_WORKER_STATES = {
+    WorkerState.STOPPED: ModelState.UNLOADED,
+    WorkerState.STARTING: ModelState.LOADING,
+    WorkerState.READY: ModelState.READY,
+    WorkerState.STOPPING: ModelState.DRAINING,
+    WorkerState.FAILED: ModelState.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a load stands: `phase` changes with each step (making room, starting the worker)."""
+
+    model: str
+    phase: str
+    elapsed_s: float
+
+    @property
+    def text(self) -> str:
+        return f"loading model {self.model!r}: {self.phase} ({self.elapsed_s:.0f} s)"
+
+
+class Hold:
+    """A request's claim on a loaded model: while any is held the model is not unloaded. `release()` is
+    idempotent; the request's `RequestScope.finish()` calls it on every path."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._release()
+
+
+@dataclass(eq=False)
+class Resident:
+    """A deployment's residency bookkeeping. `holds` counts requests holding it (admitted, queued for a
+    slot or at the worker); `pending` are requests waiting for its load, each granted a `Hold` (or the
+    load's error) in the step the load ends; `idle` is set while nothing holds it."""
+
+    deployment: Deployment
+    memory: ModelMemory
+    state: ModelState = ModelState.UNLOADED
+    holds: int = 0
+    pending: set[asyncio.Future[Hold]] = field(default_factory=set)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float | None = None
+    last_used_wall: float | None = None
+    load_task: asyncio.Task[None] | None = None
+    reaping: bool = False
+    progress: str | None = None
+    phase_started: float = 0.0
+    loads: int = 0
+    last_load_s: float | None = None
+    ready_at: float | None = None
+    error: str | None = None
+    retry_at: float | None = None
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @property
+    def name(self) -> str:
+        return self.deployment.name
+
+    @property
+    def pinned(self) -> bool:
+        return self.deployment.load == "always"
+
+    def touch(self) -> None:
+        self.last_used, self.last_used_wall = time.monotonic(), time.time()
+
+    def shown_state(self) -> ModelState:
+        """For display (/v1/models, /ready, /admin/models); never a precondition. A pinned model shows its
+        worker's state; an on-demand one whose worker died a moment ago shows FAILED at once."""
+        worker = self.deployment.worker.state
+        if self.pinned:
+            return _WORKER_STATES[worker]
+        if self.state is ModelState.READY and worker is not WorkerState.READY:
+            return ModelState.FAILED
+        return self.state
+
+    def progress_now(self) -> Progress:
+        return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
+
+    def describe(self) -> dict[str, Any]:
+        """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
+        now, shown = time.monotonic(), self.shown_state()
+        pools = sorted({*self.memory.estimated, *self.memory.measured})
+        memory = {p: {"estimated_bytes": self.memory.estimated.get(p), "measured_bytes": self.memory.measured.get(p)}
+                  for p in pools}  # fmt: skip
+        idle = round(now - self.last_used, 1) if self.last_used is not None and not self.holds else None
+        return {
+            "model": self.name,
+            "load": self.deployment.load,
+            "state": shown.value,
+            "worker": self.deployment.worker.state.value,
+            "idle_unload_s": self.deployment.idle_unload_s,
+            "in_flight": self.holds,
+            "waiting": len(self.pending),
+            "last_used": _iso(self.last_used_wall),
+            "idle_s": idle,
+            "memory": memory,
+            "loads": self.loads,
+            "last_load_s": round(self.last_load_s, 2) if self.last_load_s is not None else None,
+            "progress": self.progress_now().text if self.state is ModelState.LOADING else None,
+            "error": self.error if shown is ModelState.FAILED else None,
+            "retry_in_s": round(max(0.0, self.retry_at - now), 1) if self.retry_at and self.error else None,
+        }
+
+
+def _iso(wall: float | None) -> str | None:
+    return None if wall is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
