@@ -223,11 +223,13 @@ def main() -> int:
         result["warning"] = "the config should have two on-demand models that cannot both be loaded"
     result["nvml_before"] = nvml_snapshot()
     log_path = args.output.with_suffix(".gateway.log")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the gateway (its own session) is stopped too
     process = start_gateway(args.config, args.gpus, log_path)
     try:
         wait_ready(root, process, args.ready_timeout_s)
         result["nvml_ready"] = nvml_snapshot()
-        rounds = []
+        rounds: list[dict[str, Any]] = []
+        result["rounds"] = rounds  # filled as it goes: a run cut short still reports its rounds
         for i in range(args.rounds):
             for model in models[:2]:
                 entry = asyncio.run(swap_round(root, model, args.concurrency, args.max_tokens))
@@ -240,12 +242,11 @@ def main() -> int:
                     ),
                     flush=True,
                 )
-        result["rounds"] = rounds
         if len(models) >= 2:
             result["busy_swap"] = asyncio.run(busy_swap(root, models[0], models[1]))
         result["final_admin"] = admin(root)
         result["metrics"] = residency_metrics(root)
-    except Exception as exc:  # a bench run reports what it had, then exits non-zero
+    except (Exception, SystemExit) as exc:  # a bench run (or a SIGTERM from a time limit) reports what it had
         result["fatal"] = f"{type(exc).__name__}: {exc}"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -259,6 +260,10 @@ def main() -> int:
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"]), flush=True)
     return 1 if result.get("fatal") or result["summary"]["failed_requests"] else 0
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
