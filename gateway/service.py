@@ -89,7 +89,8 @@ class Service:
         except GatewayError as exc:
             self.refused(ctx, exc, deployment.name)
             raise
-        scope = RequestScope(deployment, ctx, self.metrics, self.residency)
+        units = getattr(parsed, "n", None) or 1
+        scope = RequestScope(deployment, ctx, self.metrics, self.residency, units=units)
         if parsed.stream:
             progress = request.headers.get(PROGRESS_HEADER, self.settings.load_progress).strip().lower()
             session = StreamSession(

@@ -80,12 +80,19 @@ class RequestScope:
     """
 
     def __init__(
-        self, deployment: Deployment, ctx: RequestContext, metrics: Metrics, residency: Residency | None = None
+        self,
+        deployment: Deployment,
+        ctx: RequestContext,
+        metrics: Metrics,
+        residency: Residency | None = None,
+        *,
+        units: int = 1,
     ) -> None:
         self.deployment = deployment
         self.ctx = ctx
         self.metrics = metrics
         self.residency = residency
+        self.units = units  # admission slots: one per choice (`n`), as the worker runs each in a slot
         self.hold: Hold | None = None
         self.admitted_at: float | None = None
         self.finished = False
@@ -114,7 +121,7 @@ class RequestScope:
 
     def try_admit(self) -> bool:
         """Take a free slot without waiting; False when the request would have to queue."""
-        if not self.deployment.admission.try_acquire():
+        if not self.deployment.admission.try_acquire(self.units):
             return False
         self._admitted(0.0)
         return True
@@ -124,7 +131,7 @@ class RequestScope:
         admission = self.deployment.admission
         self.metrics.queue_depth.labels(self.model).set(admission.waiting + 1)
         try:
-            waited = await admission.acquire()
+            waited = await admission.acquire(self.units)
         except GatewayError as exc:
             self.metrics.rejections.labels(self.model, exc.code.value).inc()
             raise
@@ -142,7 +149,7 @@ class RequestScope:
             return
         self.finished = True
         if self.admitted_at is not None:
-            self.deployment.admission.release(time.monotonic() - self.admitted_at)
+            self.deployment.admission.release(time.monotonic() - self.admitted_at, units=self.units)
             self.metrics.running.labels(self.model).set(self.deployment.admission.running)
         if self.hold is not None:
             self.hold.release()

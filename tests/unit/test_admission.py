@@ -59,3 +59,28 @@ async def test_cancelled_waiter_leaks_no_slot() -> None:
     admission.release()
     assert admission.running == 0
     assert admission.waiting == 0
+
+
+async def test_a_request_with_n_choices_takes_n_slots_and_waits_its_turn_in_order() -> None:
+    admission = Admission("m", capacity=4, max_queue=4, queue_timeout_s=5)
+    assert admission.try_acquire(3)
+    assert not admission.try_acquire(2)  # only one slot left
+    big = asyncio.ensure_future(admission.acquire(2))
+    await asyncio.sleep(0)
+    small = asyncio.ensure_future(admission.acquire(1))  # may not overtake the head of the queue
+    await asyncio.sleep(0)
+    assert not big.done() and not small.done() and admission.running == 3
+    admission.release(units=3)
+    await asyncio.wait_for(asyncio.gather(big, small), 1)
+    assert admission.running == 3
+    admission.release(units=2)
+    admission.release(units=1)
+    assert admission.running == 0
+
+
+async def test_more_choices_than_slots_run_alone() -> None:
+    admission = Admission("m", capacity=2, max_queue=4, queue_timeout_s=5)
+    assert admission.try_acquire(16)
+    assert admission.running == 2 and not admission.try_acquire(1)
+    admission.release(units=16)
+    assert admission.running == 0
