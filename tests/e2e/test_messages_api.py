@@ -201,7 +201,9 @@ def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(k
 
 async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_is_a_499(keyed: Gateway) -> None:
     url = keyed.url + "/v1/messages"
-    counting = {"model": MODEL, "max_tokens": 128, "stream": True, "messages": [{"role": "user", "content": COUNTING}]}
+    # Long enough that the first stream is still generating when the second request arrives: the frames of a
+    # short one fit in the socket buffers, so it can finish (and free the key) while this test reads nothing.
+    counting = {"model": MODEL, "max_tokens": 1500, "stream": True, "messages": [{"role": "user", "content": COUNTING}]}
     async with (
         httpx.AsyncClient(timeout=60) as http,
         http.stream("POST", url, json=counting, headers={"x-api-key": SOLO}) as first,
@@ -210,7 +212,7 @@ async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_
         async for line in first.aiter_lines():
             if line.startswith("event: content_block_delta"):
                 break
-        second = await http.post(url, json={**counting, "stream": False}, headers={"x-api-key": SOLO})
+        second = await http.post(url, json={**counting, "stream": False, "max_tokens": 8}, headers={"x-api-key": SOLO})
         assert "in flight" in assert_anthropic_error(second, 429, "rate_limit_error")
         assert 1 <= int(second.headers["retry-after"]) <= 60
     # Leaving the block closed the connection mid-stream: the generation is aborted and accounted as 499.
