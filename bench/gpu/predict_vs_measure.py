@@ -164,6 +164,7 @@ class Gateway:
     def __init__(self, python: str, config: Path, gpus: str, port: int, log_path: Path) -> None:
         self.root = f"http://127.0.0.1:{port}"
         self.log_path = log_path
+        self.max_restarts = 2
         argv = [python, "-m", "gateway", "serve", "--config", str(config), "--gpus", gpus, "--port", str(port)]
         self.argv = argv
         with open(log_path, "wb") as f:
@@ -176,9 +177,15 @@ class Gateway:
             while time.monotonic() - started < timeout_s:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"voltgate serve exited {self.proc.returncode}: {self.tail(30)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.root}/ready").status_code == 200:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    response = client.get(f"{self.root}/ready")
+                    if response.status_code == 200:
                         return time.monotonic() - started
+                    # a worker that keeps failing its start will not get ready: stop waiting (its backoff
+                    # grows to 60 s, so waiting out the timeout only burns device time)
+                    for name, model in (response.json().get("models") or {}).items():
+                        if model.get("restarts", 0) >= self.max_restarts and model.get("error"):
+                            raise RuntimeError(f"worker {name} failed {model['restarts']} starts: {model['error']}")
                 time.sleep(1)
         raise RuntimeError(f"not ready after {timeout_s:.0f} s: {self.tail(30)}")
 
