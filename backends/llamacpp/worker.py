@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -15,7 +16,7 @@ import uvicorn
 from backends.llamacpp.embed_server import create_app as create_embed_app
 from backends.llamacpp.embed_server import spec_from_worker_args as embed_spec_from_args
 from backends.llamacpp.embedding import POOLINGS
-from backends.llamacpp.native import ContextOptions
+from backends.llamacpp.native import ContextOptions, init_backend
 from backends.llamacpp.server import WorkerSpec, create_app
 
 log = logging.getLogger("voltgate.worker")
@@ -146,6 +147,23 @@ def _configure_logging() -> None:
     log.propagate = False
 
 
+THREAD_STACK_BYTES = 64 << 20
+
+
+def _prepare_native_threads() -> None:
+    """Before any thread starts: give threads a large stack, and initialise llama.cpp's backends here, on
+    the main thread, as llama-cpp-python's own `Llama` does.
+
+    The model loads on a thread (so /health answers while it loads) and decodes on the engine thread. On the
+    GPU machine of 2026-12-01 the worker died with SIGSEGV inside `llama_model_load_from_file` on the loader
+    thread (also with no layers offloaded), while `Llama()` on the main thread loaded the same file; a
+    thread's default stack (often far smaller than the main thread's) is the suspect. This is a mitigation
+    not yet verified on that machine (see bench/results/2026-12-01-gpu-h200/README.md).
+    """
+    threading.stack_size(THREAD_STACK_BYTES)
+    init_backend()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -156,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not spec.model_path.is_file():
         log.error("model file %s not found", spec.model_path)
         return 2
+    _prepare_native_threads()
     failure: list[str] = []
 
     def on_fatal(reason: str) -> None:

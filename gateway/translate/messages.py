@@ -169,6 +169,13 @@ def _sampling(req: MessagesRequest) -> dict[str, Any]:
 
 
 # -- response ---------------------------------------------------------------------------------------------
+def _is_object(arguments: str) -> bool:
+    try:
+        return not arguments.strip() or isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
 def tool_input(name: str, arguments: str) -> dict[str, Any]:
     """A tool call's JSON arguments as Anthropic's `input` object; empty arguments are `{}`.
 
@@ -232,14 +239,22 @@ def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -
     if message.get("refusal"):
         content.append({"type": "text", "text": message["refusal"]})
     calls = message.get("tool_calls") or []
+    cut = choice.get("finish_reason") == "length"
+    used = 0
     for call in calls:
         function = call.get("function") or {}
         name = function.get("name", "")
         arguments = function.get("arguments") or ""
+        if cut and not _is_object(arguments):
+            # max_tokens cut the call's arguments short (TurboMind sends what it had): Anthropic's answer is
+            # stop_reason max_tokens, so the text the model wrote is kept as text, never a 502.
+            content.append({"type": "text", "text": arguments})
+            continue
         content.append({"type": "tool_use", "id": call.get("id"), "name": name, "input": tool_input(name, arguments)})
+        used += 1
     reason, sequence = stop_reason(
         choice.get("finish_reason"),
-        tool_calls=bool(calls),
+        tool_calls=bool(used),
         matched=matched_stop(choice),
         stop_sequences=req.stop_sequences,
     )

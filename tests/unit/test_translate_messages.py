@@ -378,3 +378,20 @@ def test_gateway_errors_render_with_their_param_in_the_message() -> None:
     error = GatewayError(ErrorCode.INVALID_REQUEST, "missing required parameter: max_tokens", param="max_tokens")
     assert anthropic_error_body(error)["error"]["message"] == "missing required parameter: max_tokens"
     assert anthropic_error_body(GatewayError(ErrorCode.QUEUE_FULL, "busy"))["error"]["type"] == "rate_limit_error"
+
+
+def test_a_tool_call_cut_by_max_tokens_is_max_tokens_with_its_text_kept_not_a_502() -> None:
+    """Seen live on TurboMind: a forced call cut by max_tokens arrives with half its arguments."""
+    req = MessagesRequest.model_validate(
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+         "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    )  # fmt: skip
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}
+    chat = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                     "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13},
+    }  # fmt: skip
+    message = to_message(chat, req, message_id="msg_1")
+    assert message["stop_reason"] == "max_tokens"
+    assert message["content"] == [{"type": "text", "text": '{"city": "Par'}]
