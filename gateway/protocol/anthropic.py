@@ -12,49 +12,31 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from backends.request import MaxTokens, StopString, ToolName, TopK, TopP
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class _Refused(BaseModel):
-    """Anything recognised only to be refused by name (images, server tools, ...)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    type: str
-
-
-def _tag(known: frozenset[str], default: str | None = None) -> Any:
-    def tag(value: Any) -> str:
-        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return kind if kind in known else "other"
-
-    return Discriminator(tag)
+from gateway.protocol.tagged import Body, Refused, type_tag
 
 
 # -- content blocks -------------------------------------------------------------------------------------
-class TextBlock(_Body):
+class TextBlock(Body):
     type: Literal["text"]
     text: str
 
 
 ResultContent = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[_Refused, Tag("other")], _tag(frozenset({"text"}))
+    Annotated[TextBlock, Tag("text")] | Annotated[Refused, Tag("other")], type_tag(frozenset({"text"}))
 ]
 
 
-class ToolUseBlock(_Body):
+class ToolUseBlock(Body):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     input: dict[str, Any]
 
 
-class ToolResultBlock(_Body):
+class ToolResultBlock(Body):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[ResultContent] | None = None
@@ -70,18 +52,18 @@ ContentBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")]
-    | Annotated[_Refused, Tag("other")],
-    _tag(frozenset({"text", "tool_use", "tool_result"})),
+    | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"text", "tool_use", "tool_result"})),
 ]
 
 
-class InputMessage(_Body):
+class InputMessage(Body):
     role: Literal["user", "assistant"]
     content: str | list[ContentBlock]
 
 
 # -- tools, tool choice, thinking, output format --------------------------------------------------------
-class CustomTool(_Body):
+class CustomTool(Body):
     """A client tool; `type` is absent or "custom". Server tools have dated types and are refused."""
 
     type: Literal["custom"] | None = None
@@ -97,38 +79,38 @@ def _tool_tag(value: Any) -> str:
 
 
 MessagesTool = Annotated[
-    Annotated[CustomTool, Tag("custom")] | Annotated[_Refused, Tag("other")], Discriminator(_tool_tag)
+    Annotated[CustomTool, Tag("custom")] | Annotated[Refused, Tag("other")], Discriminator(_tool_tag)
 ]
 
 
-class ToolChoice(_Body):
+class ToolChoice(Body):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Body):
+class Thinking(Body):
     model_config = ConfigDict(extra="allow", frozen=True)
     type: str
 
 
-class JsonOutputFormat(_Body):
+class JsonOutputFormat(Body):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, serialize_by_alias=True)
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Body):
+class OutputConfig(Body):
     format: JsonOutputFormat | None = None
     effort: str | None = None
 
 
-class Metadata(_Body):
+class Metadata(Body):
     user_id: str | None = None
 
 
 # -- requests -------------------------------------------------------------------------------------------
-class CountTokensRequest(_Body):
+class CountTokensRequest(Body):
     """POST /v1/messages/count_tokens: the prompt part of a Messages request."""
 
     model: str = Field(min_length=1)
@@ -155,7 +137,7 @@ class CountTokensRequest(_Body):
         if self.mcp_servers:
             problems.append(("mcp_servers", "MCP servers are not supported"))
         for i, tool in enumerate(self.tools or ()):
-            if isinstance(tool, _Refused):
+            if isinstance(tool, Refused):
                 problems.append((f"tools.{i}.type", f"server tool {tool.type!r} is not supported"))
         problems += self._unsupported_choice()
         for i, message in enumerate(self.messages):
@@ -176,7 +158,7 @@ class CountTokensRequest(_Body):
 
 
 def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
-    if isinstance(block, _Refused):
+    if isinstance(block, Refused):
         return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
     if isinstance(block, ToolUseBlock) and role != "assistant":
         return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
@@ -185,7 +167,7 @@ def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
             return [(f"{where}.type", "tool_result blocks belong to user messages")]
         if isinstance(block.content, list):
             for k, part in enumerate(block.content):
-                if isinstance(part, _Refused):
+                if isinstance(part, Refused):
                     return [(f"{where}.content.{k}.type", f"tool results of type {part.type!r} are not supported")]
     return []
 

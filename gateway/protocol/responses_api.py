@@ -13,46 +13,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class _Refused(BaseModel):
-    """Anything recognised only to be refused by name (built-in tools, image parts, ...)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    type: str
-
-
-def _tag(known: frozenset[str], default: str | None = None) -> Any:
-    """A discriminator: the object's `type` when it is one we model, else "other" (refused by name)."""
-
-    def tag(value: Any) -> str:
-        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return kind if kind in known else "other"
-
-    return Discriminator(tag)
+from gateway.protocol.tagged import Body, Refused, type_tag
 
 
 # -- content parts --------------------------------------------------------------------------------------
-class InputText(_Body):
+class InputText(Body):
     type: Literal["input_text"]
     text: str
 
 
-class OutputText(_Body):
+class OutputText(Body):
     """Assistant text replayed as input; its annotations and logprobs carry no meaning for generation."""
 
     type: Literal["output_text"]
     text: str
 
 
-class RefusalPart(_Body):
+class RefusalPart(Body):
     type: Literal["refusal"]
     refusal: str
 
@@ -61,8 +41,8 @@ ContentPart = Annotated[
     Annotated[InputText, Tag("input_text")]
     | Annotated[OutputText, Tag("output_text")]
     | Annotated[RefusalPart, Tag("refusal")]
-    | Annotated[_Refused, Tag("other")],
-    _tag(frozenset({"input_text", "output_text", "refusal"})),
+    | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"input_text", "output_text", "refusal"})),
 ]
 
 
@@ -77,7 +57,7 @@ def content_text(content: str | list[Any]) -> str:
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
-class MessageItem(_Body):
+class MessageItem(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[ContentPart]
@@ -85,7 +65,7 @@ class MessageItem(_Body):
     status: ItemStatus | None = None
 
 
-class FunctionCallItem(_Body):
+class FunctionCallItem(Body):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -94,7 +74,7 @@ class FunctionCallItem(_Body):
     status: ItemStatus | None = None
 
 
-class FunctionCallOutputItem(_Body):
+class FunctionCallOutputItem(Body):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: str | list[ContentPart]
@@ -102,7 +82,7 @@ class FunctionCallOutputItem(_Body):
     status: ItemStatus | None = None
 
 
-class ReasoningItem(_Refused):
+class ReasoningItem(Refused):
     """Reasoning replayed from another provider's output: opaque to any engine here, so it is skipped."""
 
     type: Literal["reasoning"]
@@ -113,13 +93,13 @@ InputItem = Annotated[
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
-    | Annotated[_Refused, Tag("other")],
-    _tag(frozenset({"message", "function_call", "function_call_output", "reasoning"}), default="message"),
+    | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"message", "function_call", "function_call_output", "reasoning"}), default="message"),
 ]
 
 
 # -- tools, tool choice, text format --------------------------------------------------------------------
-class FunctionTool(_Body):
+class FunctionTool(Body):
     """A function tool in the Responses API's flat shape (no nested `function` object)."""
 
     type: Literal["function"]
@@ -130,12 +110,12 @@ class FunctionTool(_Body):
 
 
 ResponsesTool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[_Refused, Tag("other")],
-    _tag(frozenset({"function"})),
+    Annotated[FunctionTool, Tag("function")] | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"function"})),
 ]
 
 
-class FunctionToolChoice(_Body):
+class FunctionToolChoice(Body):
     type: Literal["function"]
     name: str
 
@@ -150,20 +130,20 @@ def _choice_tag(value: Any) -> str:
 ResponsesToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("mode")]
     | Annotated[FunctionToolChoice, Tag("function")]
-    | Annotated[_Refused, Tag("other")],
+    | Annotated[Refused, Tag("other")],
     Discriminator(_choice_tag),
 ]
 
 
-class TextFormatText(_Body):
+class TextFormatText(Body):
     type: Literal["text"]
 
 
-class TextFormatJsonObject(_Body):
+class TextFormatJsonObject(Body):
     type: Literal["json_object"]
 
 
-class TextFormatJsonSchema(_Body):
+class TextFormatJsonSchema(Body):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, serialize_by_alias=True)
     type: Literal["json_schema"]
     name: str = Field(min_length=1, max_length=64)
@@ -175,18 +155,18 @@ class TextFormatJsonSchema(_Body):
 TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]
 
 
-class TextConfig(_Body):
+class TextConfig(Body):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ReasoningConfig(_Body):
+class ReasoningConfig(Body):
     effort: str | None = None
     summary: str | None = None
 
 
 # -- the request ----------------------------------------------------------------------------------------
-class ResponsesRequest(_Body):
+class ResponsesRequest(Body):
     """POST /v1/responses. `input_items()` is what a stored response keeps of its request."""
 
     model: str = Field(min_length=1)
@@ -277,11 +257,11 @@ class ResponsesRequest(_Body):
     def _unsupported_tools(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
         for i, tool in enumerate(self.tools or ()):
-            if isinstance(tool, _Refused):
+            if isinstance(tool, Refused):
                 problems.append((f"tools[{i}].type", f"built-in tool {tool.type!r} is not supported"))
         choice = self.tool_choice
         names = {tool.name for tool in self.function_tools()}
-        if isinstance(choice, _Refused):
+        if isinstance(choice, Refused):
             problems.append(("tool_choice", f"tool_choice of type {choice.type!r} is not supported"))
         elif isinstance(choice, FunctionToolChoice) and choice.name not in names:
             problems.append(("tool_choice", f"tool_choice names {choice.name!r}, which is not in tools"))
@@ -294,7 +274,7 @@ class ResponsesRequest(_Body):
         if isinstance(self.input, str):
             return problems
         for i, item in enumerate(self.input):
-            if type(item) is _Refused:
+            if type(item) is Refused:
                 reason = (
                     "item references are not supported; send the item itself or use previous_response_id"
                     if item.type == "item_reference"
@@ -304,6 +284,6 @@ class ResponsesRequest(_Body):
             parts = item.content if isinstance(item, MessageItem) else getattr(item, "output", None)
             field = "content" if isinstance(item, MessageItem) else "output"
             for j, part in enumerate(parts if isinstance(parts, list) else ()):
-                if isinstance(part, _Refused):
+                if isinstance(part, Refused):
                     problems.append((f"input[{i}].{field}[{j}].type", f"{part.type!r} input is not supported"))
         return problems
