@@ -9,6 +9,8 @@
 #   features           issues #11/#12/#14: TurboMind FP16 1b via voltgate serve (tm-1b-features.yaml, lmdeploy
 #                      tool_parser qwen), H200 held to a V100-16GB's free memory: plan --json, /v1/models,
 #                      bench.gpu.turbomind_features
+#   smoke              wait for the llama.cpp build; a tiny GGUF; bench.gpu.diag_threads (which way of loading
+#                      crashes) and our worker (generate, all layers on the GPU) answering one completion
 #   gguf-wait:N        wait up to N s for the GGUF files
 #   pvm:A,B,...        issue #16: bench.gpu.predict_vs_measure on those scenarios of configs/pvm-scenarios.yaml
 #   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
@@ -116,6 +118,29 @@ step_features() {
   unhold
 }
 
+step_smoke() {
+  env_on
+  local D=$R/smoke; mkdir -p "$D"
+  while [[ ! -f $G/llama_build.rc ]] && (($(left) > 150)); do sleep 3; done
+  stamp "smoke: build rc $(cat $G/llama_build.rc 2> /dev/null || echo running)"
+  [[ -f $G/llama_build.rc && $(cat $G/llama_build.rc) == 0 ]] || return 1
+  if [[ ! -f $G/tiny.gguf ]]; then
+    python3 .gpu/make_model.py $G/tiny --shape tiny > "$D/make_tiny.log" 2>&1
+    python3 .gpu/llamacpp_bench.py convert $G/tiny $G/tiny.gguf --llama-src $G/src/llama_cpp_python-0.3.36 > "$D/convert_tiny.log" 2>&1
+    tail -2 "$D/convert_tiny.log"
+  fi
+  ulimit -s; timeout 300 python3 -m bench.gpu.diag_threads $G/tiny.gguf --n-gpu-layers -1 2>&1 | tee "$D/diag_threads.txt"
+  PYTHONFAULTHANDLER=1 timeout 90 python3 -m backends.llamacpp.worker --model-name t --port 9100 --max-queue 8 \
+    --model $G/tiny.gguf --ctx 256 --slots 2 --n-gpu-layers -1 > "$D/worker.log" 2>&1 & local w=$!
+  for _ in $(seq 1 120); do curl -sf http://127.0.0.1:9100/health > /dev/null && break; kill -0 $w 2> /dev/null || break; sleep 0.5; done
+  if curl -sf http://127.0.0.1:9100/health > /dev/null; then
+    curl -s -m 30 http://127.0.0.1:9100/v1/completions -H 'content-type: application/json' \
+      -d '{"model":"t","prompt":"hello","max_tokens":4}' | head -c 300 | tee "$D/completion.json"; echo
+    kill -TERM $w
+  fi
+  wait $w; stamp "smoke: worker rc $?"; grep -v '^\s*$' "$D/worker.log" | tail -25
+}
+
 step_gguf_wait() {  # $1 = seconds
   local n=$(( ($1 < $(left) - 100 ? $1 : $(left) - 100) / 3 ))
   for _ in $(seq 1 $n); do [[ -f $G/gguf/ready ]] && break; [[ -f $G/llama_build.rc && $(cat $G/llama_build.rc) != 0 ]] && break; sleep 3; done
@@ -174,6 +199,7 @@ for s in "$@"; do
     setup) need setup 60 && step_setup ;;
     models) need models 60 && step_models ;;
     features) need features 120 && step_features ;;
+    smoke) need smoke 60 && step_smoke ;;
     gguf-wait:*) need "$s" 10 && step_gguf_wait "${s#gguf-wait:}" ;;
     pvm:*) need "$s" 90 && step_pvm "${s#pvm:}" ;;
     swap) need swap 170 && step_swap ;;
