@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+# First, before numpy (imported by the embedding modules): llama.cpp's shared libraries. On the GPU machine
+# (2026-12-01, CUDA build, Python 3.12) a process that had imported numpy before llama_cpp died with SIGSEGV
+# in llama_model_load_from_file; with llama_cpp imported first it loaded (bench/gpu/diag_import_order.sh).
+import backends.llamacpp.native  # noqa: F401
+
+# isort: split
+
 import argparse
 import logging
 import os

@@ -9,8 +9,8 @@
 #   features           issues #11/#12/#14: TurboMind FP16 1b via voltgate serve (tm-1b-features.yaml, lmdeploy
 #                      tool_parser qwen), H200 held to a V100-16GB's free memory: plan --json, /v1/models,
 #                      bench.gpu.turbomind_features
-#   smoke              wait for the llama.cpp build; a tiny GGUF; bench.gpu.diag_threads (which way of loading
-#                      crashes) and our worker (generate, all layers on the GPU) answering one completion
+#   smoke              wait for the llama.cpp build; a tiny GGUF; bench/gpu/diag_import_order.sh (does importing
+#                      numpy first crash the load?) and our worker (generate, all layers on GPU) answering a completion
 #   gguf-wait:N        wait up to N s for the GGUF files
 #   pvm:A,B,...        issue #16: bench.gpu.predict_vs_measure on those scenarios of configs/pvm-scenarios.yaml
 #   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
@@ -130,9 +130,9 @@ step_smoke() {
     python3 .gpu/llamacpp_bench.py convert $G/tiny $G/tiny.gguf --llama-src $G/src/llama_cpp_python-0.3.36 > "$D/convert_tiny.log" 2>&1
     tail -2 "$D/convert_tiny.log"
   fi
-  timeout 200 bash bench/gpu/diag_logs.sh $G/tiny.gguf 2>&1 | tee "$D/diag_logs.txt"
+  timeout 120 bash bench/gpu/diag_import_order.sh $G/tiny.gguf 2>&1 | tee "$D/diag_import_order.txt"
   local mode chosen=""
-  for mode in forward plain library stderr; do  # our worker answering a completion, per log mode
+  for mode in ${SMOKE_LOG_MODES:-forward}; do  # our worker answering a completion, per log mode
     VOLTGATE_LLAMACPP_LOG=$mode PYTHONFAULTHANDLER=1 timeout 60 python3 -m backends.llamacpp.worker --model-name t \
       --port 9100 --max-queue 8 --model $G/tiny.gguf --ctx 256 --slots 2 --n-gpu-layers -1 > "$D/worker_$mode.log" 2>&1 & local w=$!
     for _ in $(seq 1 60); do curl -sf http://127.0.0.1:9100/health > /dev/null && break; kill -0 $w 2> /dev/null || break; sleep 0.5; done
@@ -191,7 +191,7 @@ step_embed() {
   env_on
   local D=$R/embed; mkdir -p "$D"
   [[ -f $G/bge-base-shape.gguf ]] || python3 -m bench.gpu.bert_gguf $G/bge-base-shape.gguf
-  timeout -s TERM $(($(left) - 10)) python3 -m bench.gpu.embeddings_gpu --model $G/bge-base-shape.gguf --seconds 20 \
+  timeout -s TERM $(($(left) - 10)) python3 -m bench.gpu.embeddings_gpu --model $G/bge-base-shape.gguf --seconds ${EMBED_SECONDS:-20} \
     --log-dir "$D" --out "$D/embeddings-bge-base-shape-gpu.json" 2>&1 | tail -6
   if (($(left) > 60)); then
     timeout -s TERM $(($(left) - 10)) python3 -m bench.gpu.embeddings_gpu --model $G/bge-base-shape.gguf --seconds 20 \
