@@ -160,7 +160,9 @@ class RequestScope:
             metrics.generation_tokens.labels(model).inc(tokens[1])
         metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
         if stats is not None and stats.first_token_at is not None:
-            metrics.ttft.labels(model).observe(stats.first_token_at - ctx.started)
+            # the first generated token; a stream with none (or none recognised) falls back to its first chunk
+            first = stats.first_token_at if stats.first_content_at is None else stats.first_content_at
+            metrics.ttft.labels(model).observe(first - ctx.started)
             itl = metrics.itl.labels(model)
             for gap in stats.inter_chunk_s:
                 itl.observe(gap)
