@@ -170,6 +170,8 @@ def _deployment(
         )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
+    metrics.queue_depth.labels(plan.model).set(0)  # likewise: a model that never queued shows 0, not nothing
+    metrics.running.labels(plan.model).set(0)
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
     admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
     return Deployment(
