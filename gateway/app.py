@@ -26,6 +26,7 @@ from gateway.auth import KeyStore
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response, internal_error
+from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
@@ -71,6 +72,7 @@ def create_app(
     metrics = metrics or Metrics()
     keys = KeyStore(config.auth, os.environ.get(config.auth.keys_env) if config.auth.keys_env else None)
     specs: dict[str, ModelSpec] = {m.name: m for m in config.models}
+    metrics.set_predictions(predictions_from_placement(placement or {}, {plan.model for plan in plans}))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -168,6 +170,8 @@ def _deployment(
         )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work
+    metrics.queue_depth.labels(plan.model).set(0)  # likewise: a model that never queued shows 0, not nothing
+    metrics.running.labels(plan.model).set(0)
     capacity = plan.slots if plan.engine is EngineName.LLAMACPP else (plan.max_batch_size or plan.slots)
     admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
     return Deployment(

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gateway.live_speed import LiveSpeed
+from gateway.placement.performance import Prediction
 
 log = logging.getLogger("voltgate.metrics")
 
@@ -54,10 +57,38 @@ class GpuCollector(Collector):
         return [used, total, util]
 
 
+class LiveSpeedCollector(Collector):
+    """Each model's measured speed over its live window (`gateway.live_speed`), computed at scrape time; a
+    model with no measurement yet has no series."""
+
+    def __init__(self, live: LiveSpeed) -> None:
+        self._live = live
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        decode = GaugeMetricFamily(
+            "voltgate:measured_decode_tokens_per_second",
+            "Decode tokens/s per stream, p50 of the model's last streamed requests",
+            labels=["model"],
+        )
+        ttft = GaugeMetricFamily(
+            "voltgate:measured_ttft_seconds",
+            "Admission to first generated token, p50 of the model's last streamed requests",
+            labels=["model"],
+        )
+        for model, (decode_p50, ttft_p50) in sorted(self._live.medians().items()):
+            if decode_p50 is not None:
+                decode.add_metric([model], decode_p50)
+            if ttft_p50 is not None:
+                ttft.add_metric([model], ttft_p50)
+        return [decode, ttft]
+
+
 class Metrics:
     """The gateway's metrics. Call sites use the methods, never the prometheus objects directly."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, gpu: bool = True) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, gpu: bool = True, live: LiveSpeed | None = None
+    ) -> None:
         # long: one declaration per metric, the whole catalogue in one place (docs and dashboard test it).
         # One `*_created` gauge per series doubles the scrape for nothing a dashboard uses (vLLM does the same).
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -135,6 +166,18 @@ class Metrics:
             ["model", "pool", "kind"],
             registry=r,
         )
+        self.predicted_decode = Gauge(
+            "voltgate:predicted_decode_tokens_per_second",
+            "The plan's decode tokens/s per stream, with 1 stream and with the plan's sessions decoding",
+            ["model", "streams"],
+            registry=r,
+        )
+        self.predicted_ttft = Gauge(
+            "voltgate:predicted_ttft_seconds", "The plan's time to first token for a 512-token prompt", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.live = live if live is not None else LiveSpeed()  # measured speed, per model
+        r.register(LiveSpeedCollector(self.live))
         if gpu:
             r.register(GpuCollector())
 
@@ -158,6 +201,15 @@ class Metrics:
             value = health.get(key)
             if isinstance(value, int | float):
                 gauge.labels(model).set(float(value))
+
+    def set_predictions(self, predictions: Mapping[str, Prediction]) -> None:
+        """The plans' predicted speeds, per served model: exported, and set against the measured ones."""
+        for model, prediction in predictions.items():
+            self.predicted_decode.labels(model, "1").set(prediction.decode_tok_s_1)
+            if prediction.sessions > 1:
+                self.predicted_decode.labels(model, str(prediction.sessions)).set(prediction.decode_tok_s_per_stream)
+            self.predicted_ttft.labels(model).set(prediction.ttft_s)
+        self.live.predictions.update(predictions)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,11 +34,13 @@ class StreamStats:
     """What a relayed stream did, for metrics and the access log."""
 
     started: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
+    first_token_at: float | None = None  # the first chunk relayed (a chat stream's role-only chunk, say)
+    first_content_at: float | None = None  # the first chunk carrying generated tokens
     last_chunk_at: float | None = None
     inter_chunk_s: list[float] = field(default_factory=list)
     chunks: int = 0
     prompt_tokens: int | None = None
+    cached_tokens: int = 0  # of the prompt, served from the engine's prefix cache (when it says so)
     completion_tokens: int | None = None
     finish_reason: str | None = None
     error: GatewayError | None = None
@@ -101,6 +103,9 @@ def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
     usage = data.get("usage")
     if isinstance(usage, dict):
         stats.prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        stats.cached_tokens = cached if isinstance(cached, int) else 0
         stats.completion_tokens = usage.get("completion_tokens")
     choices = data.get("choices")
     if choices:
@@ -135,6 +140,8 @@ def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[byt
     """What to send the client for a run of complete frames, and whether the run reached `[DONE]` (which is
     not included, nor anything after it). Comments are dropped, the usage-only frame too unless asked for."""
     now = time.monotonic()
+    if stats.first_content_at is None and _carries_content(run):
+        stats.first_content_at = now
     if not (
         run.startswith(b":") or b"\n\n:" in run or b'"usage"' in run or b'"finish_reason":"' in run
         or b'"finish_reason": "' in run
@@ -158,6 +165,30 @@ def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[byt
         _count_chunks(stats, 1, now)
         kept.append(frame)
     return b"".join(kept), False
+
+
+_CONTENT_KEYS = ("content", "tool_calls", "reasoning_content", "refusal")  # a delta's generated parts
+
+
+def _carries_content(run: bytes) -> bool:
+    """Whether a run of frames holds generated tokens: a chat delta with text, tool calls or reasoning, or a
+    completion's text. A chat stream's first chunk (role only, content "") holds none: engines send it before
+    the prefill. Parsed only until a stream's first content, so a stream pays this once."""
+    for part in run.split(b"\n\n"):
+        if not part.startswith(b"data:") or part.startswith(b"data: [DONE]"):
+            continue
+        try:
+            data = json.loads(part[5:])
+        except ValueError:
+            continue
+        choices = data.get("choices") if isinstance(data, dict) else None
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if choice.get("text") or (isinstance(delta, dict) and any(delta.get(k) for k in _CONTENT_KEYS)):
+                return True
+    return False
 
 
 def _count_chunks(stats: StreamStats, n: int, now: float) -> None:

@@ -24,6 +24,7 @@ from backends.base import RequestKind
 from gateway.auth import Principal
 from gateway.deployments import Deployment
 from gateway.errors import GatewayError, sse_error_frame
+from gateway.live_speed import Flight
 from gateway.metrics import Metrics
 from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
 from gateway.residency import Hold, Residency
@@ -34,6 +35,7 @@ PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/
          RequestKind.EMBEDDING: "/v1/embeddings", RequestKind.RERANK: "/v1/rerank"}  # fmt: skip
 
 CLIENT_GONE = 499
+GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed `gateway.live_speed` measures
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
 PROGRESS_INTERVAL_S = 1.0
 """With progress chunks on, how often a stream waiting for a load hears where it stands."""
@@ -95,6 +97,7 @@ class RequestScope:
         self.units = units  # admission slots: one per choice (`n`), as the worker runs each in a slot
         self.hold: Hold | None = None
         self.admitted_at: float | None = None
+        self.flight: Flight | None = None  # at the worker, for the model's measured speed
         self.finished = False
 
     @property
@@ -141,6 +144,8 @@ class RequestScope:
 
     def _admitted(self, waited_s: float) -> None:
         self.admitted_at = time.monotonic()
+        if self.ctx.kind in GENERATING:
+            self.flight = self.metrics.live.begin(self.model, self.units)
         self.metrics.queue_time.labels(self.model).observe(waited_s)
         self.metrics.running.labels(self.model).set(self.deployment.admission.running)
 
@@ -154,17 +159,34 @@ class RequestScope:
         if self.hold is not None:
             self.hold.release()
         ctx, metrics, model = self.ctx, self.metrics, self.model
+        self._measure(status == 200, tokens, stats)
         ctx.principal.done((tokens[0] + tokens[1]) if tokens else 0)
         if tokens:
             metrics.prompt_tokens.labels(model).inc(tokens[0])
             metrics.generation_tokens.labels(model).inc(tokens[1])
         metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
         if stats is not None and stats.first_token_at is not None:
-            metrics.ttft.labels(model).observe(stats.first_token_at - ctx.started)
+            # the first generated token; a stream with none (or none recognised) falls back to its first chunk
+            first = stats.first_token_at if stats.first_content_at is None else stats.first_content_at
+            metrics.ttft.labels(model).observe(first - ctx.started)
             itl = metrics.itl.labels(model)
             for gap in stats.inter_chunk_s:
                 itl.observe(gap)
         account(metrics, ctx, model, status, tokens)
+
+    def _measure(self, completed: bool, tokens: tuple[int, int] | None, stats: StreamStats | None) -> None:
+        """Feed the model's measured speed (`gateway.live_speed`): a stream with the relay's times, a unary
+        request with none (its body arrives whole)."""
+        if self.flight is None:
+            return
+        live = self.metrics.live
+        if stats is None:
+            live.end(self.flight, completed=completed, tokens=tokens)
+            return
+        live.end(
+            self.flight, completed=completed, tokens=tokens, streamed=True, first_content_at=stats.first_content_at,
+            last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens,
+        )  # fmt: skip
 
 
 class StreamSession:

@@ -1,10 +1,12 @@
-"""Operations endpoints: /health (process alive), /ready (every worker ready), /metrics, /v1/placement."""
+"""Operations endpoints: /health (process alive), /ready (every worker ready), /metrics, /v1/placement (the
+plan, each model's predicted speed beside its measured one)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.live_speed import placement_with_measured
 from gateway.routes.context import app_context
 from gateway.supervisor import WorkerState
 
@@ -57,4 +59,5 @@ async def metrics(request: Request) -> Response:
 async def placement(request: Request) -> JSONResponse:
     app = app_context(request)
     app.keys.authenticate(request.headers.get("authorization"))
-    return JSONResponse(app.placement)
+    served = {d.name for d in app.registry}
+    return JSONResponse(placement_with_measured(app.placement, app.metrics.live, served))

@@ -1,17 +1,21 @@
-"""`curl /metrics` after a few real requests shows live series (requests, latencies, tokens, queue, worker).
+"""`curl /metrics` after a few real requests shows live series (requests, latencies, tokens, queue, worker), and
+`/v1/placement` and `/metrics` set the measured speed beside the plan's prediction.
 
 Runs on the shared session gateway (open mode), so it compares scrapes before and after its own requests.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Any
 
 import httpx
 import pytest
 
+from gateway.live_speed import WINDOW_REQUESTS
 from tests.e2e.conftest import MODEL, Gateway
-from tests.e2e.streams import Samples, chat_body, metric, scrape, stream
+from tests.e2e.streams import COUNTING, Samples, chat_body, metric, scrape, stream
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +95,49 @@ def test_worker_slots_and_kv_cells_are_fed_from_the_worker_health(gateway: Gatew
 def test_open_mode_was_announced_loudly_at_start(gateway: Gateway) -> None:
     warnings = [line for line in gateway.log().splitlines() if "OPEN MODE" in line]
     assert warnings and "WARNING" in warnings[0]
+
+
+def placement_of(gateway: Gateway) -> dict[str, Any]:
+    body = httpx.get(gateway.base_url + "/placement", timeout=5).json()
+    decision: dict[str, Any] = next(d for d in body["decisions"] if d["model"] == MODEL)
+    return decision
+
+
+def test_placement_and_metrics_set_the_measured_speed_beside_the_prediction(gateway: Gateway) -> None:
+    before = placement_of(gateway)["measured"]["window_requests"]
+    client = gateway.client()
+    messages = [{"role": "user", "content": COUNTING}]
+    for _ in range(2):  # one after another: each decodes alone
+        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                                     stream=True))  # fmt: skip
+        assert chunks[-1].choices[0].finish_reason is not None
+    for _ in range(2):
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+        assert answer.usage is not None and answer.usage.completion_tokens >= 2
+    sent = 4
+    expected = min(WINDOW_REQUESTS, before + sent)  # the shared gateway has served other tests' requests
+    deadline = time.monotonic() + 5  # a stream is accounted just after its last byte
+    while (decision := placement_of(gateway))["measured"]["window_requests"] < expected:
+        assert time.monotonic() < deadline, decision["measured"]
+        time.sleep(0.1)
+
+    measured, prediction = decision["measured"], decision["prediction"]
+    assert prediction["decode_tok_s_1"] > 0  # the prediction is still there, as it was
+    assert measured["window_requests"] == expected
+    assert measured["decode_tok_s_per_stream"]["n"] >= 2 and measured["decode_tok_s_per_stream"]["p50"] > 0
+    assert measured["decode_tok_s_single_stream"]["p50"] > 0
+    assert measured["ttft_s"]["p50"] > 0 and measured["unary_tok_s"]["p50"] > 0
+    assert measured["mean_prompt_tokens"] > 0 and measured["mean_concurrent_streams"] >= 1
+    ratios = measured["ratio_to_predicted"]
+    assert set(ratios) == {"decode_single", "decode_per_stream", "ttft"}
+    assert all(isinstance(r, float) and math.isfinite(r) and r > 0 for r in ratios.values()), ratios
+
+    after = scrape(gateway)
+    predicted = "voltgate:predicted_decode_tokens_per_second"
+    assert metric(after, predicted, model=MODEL, streams="1") == prediction["decode_tok_s_1"]
+    if prediction["sessions"] > 1:
+        many = metric(after, predicted, model=MODEL, streams=str(prediction["sessions"]))
+        assert many == prediction["decode_tok_s_per_stream"]
+    assert metric(after, "voltgate:predicted_ttft_seconds", model=MODEL) == prediction["ttft_s"]
+    assert (metric(after, "voltgate:measured_decode_tokens_per_second", model=MODEL) or 0) > 0
+    assert (metric(after, "voltgate:measured_ttft_seconds", model=MODEL) or 0) > 0

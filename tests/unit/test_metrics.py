@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GpuCollector, Metrics
 from gateway.supervisor import WorkerState
+from tests.unit.test_live_speed import PREDICTION
 
 # Every sample name the gateway documents (README.md, "Metrics"), without histogram/counter suffixes.
 DOCUMENTED = {
@@ -40,6 +41,10 @@ DOCUMENTED = {
     "voltgate:model_load_wait_seconds": "histogram",
     "voltgate:model_state": "gauge",
     "voltgate:model_memory_bytes": "gauge",
+    "voltgate:predicted_decode_tokens_per_second": "gauge",
+    "voltgate:predicted_ttft_seconds": "gauge",
+    "voltgate:measured_decode_tokens_per_second": "gauge",
+    "voltgate:measured_ttft_seconds": "gauge",
 }
 GPU_SERIES = {"voltgate:gpu_memory_used_bytes", "voltgate:gpu_memory_total_bytes", "voltgate:gpu_utilization_ratio"}
 
@@ -80,6 +85,10 @@ def exercise(metrics: Metrics) -> None:
     metrics.load_wait.labels("m").observe(1.1)
     metrics.set_model_state("m", "ready", ["unloaded", "loading", "ready", "draining", "failed"])
     metrics.model_memory.labels("m", "host", "measured").set(2e8)
+    metrics.set_predictions({"m": PREDICTION})
+    flight = metrics.live.begin("m")
+    first = flight.started + 0.01
+    metrics.live.end(flight, completed=True, tokens=(12, 8), first_content_at=first, last_chunk_at=first + 0.07)
 
 
 def test_every_documented_metric_is_exported_with_its_type() -> None:
@@ -100,6 +109,7 @@ def test_counters_end_in_total_and_carry_bounded_labels() -> None:
     assert value(metrics, "voltgate:time_to_first_token_seconds_count", model="m") == 1
     allowed = {"model", "endpoint", "status", "code", "engine", "state", "le", "gpu", "name"}
     allowed |= {"outcome", "reason", "pool", "kind"}  # residency: loads, evictions, memory (all bounded)
+    allowed |= {"streams"}  # predicted speed: "1" and the plan's sessions
     for _, labels in samples(metrics):
         assert {k for k, _ in labels} <= allowed
 

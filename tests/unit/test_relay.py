@@ -8,11 +8,13 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 
-from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames
+from gateway.relay import DONE_FRAME, StreamStats, _carries_content, relay_stream, sse_frames
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
 
 
 async def frames(*items: bytes | float | Exception) -> AsyncIterator[bytes]:
@@ -101,3 +103,52 @@ async def test_frames_are_relayed_in_runs_one_per_upstream_read() -> None:
 async def iter_async(items: list[bytes]) -> AsyncIterator[bytes]:
     for item in items:
         yield item
+
+
+async def test_the_first_generated_token_is_told_from_a_role_only_first_chunk() -> None:
+    """Engines send a chat stream's role chunk before the prefill: TTFT and decode speed start at content."""
+    stats = StreamStats()
+    source = frames(ROLE, 0.05, CHUNK, CHUNK, DONE_FRAME)
+    out = [f async for f in relay_stream(source, stats, model="m", include_usage=True, keepalive_s=10)]
+    assert out[-1] == DONE_FRAME
+    assert stats.first_token_at is not None and stats.first_content_at is not None
+    assert stats.first_content_at - stats.first_token_at >= 0.04
+    silent = StreamStats()
+    _ = [f async for f in relay_stream(frames(ROLE, USAGE, DONE_FRAME), silent, model="m", include_usage=True,
+                                       keepalive_s=10)]  # fmt: skip
+    assert silent.first_token_at is not None and silent.first_content_at is None
+
+
+@pytest.mark.parametrize(
+    ("frame", "content"),
+    [
+        (CHUNK, True),
+        (ROLE, False),
+        (USAGE, False),
+        (DONE_FRAME, False),
+        (b": keep-alive\n\n", False),
+        (b'data: {"error": {"message": "boom"}}\n\n', False),
+        (b'data: {"choices":[{"index":0,"text":"Once","finish_reason":null}]}\n\n', True),
+        (b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n', False),
+        (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c"}]}}]}\n\n', True),
+        (b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}\n\n', True),
+        (ROLE + b"data: not json\n\n" + CHUNK, True),
+    ],
+)
+def test_content_is_text_tool_calls_or_reasoning_in_some_choice(frame: bytes, content: bool) -> None:
+    assert _carries_content(frame) is content
+
+
+async def test_the_usage_frame_tells_how_much_of_the_prompt_came_from_the_prefix_cache() -> None:
+    usage = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10,'
+        b'"prompt_tokens_details":{"cached_tokens":6}}}\n\n'
+    )
+    stats = StreamStats()
+    _ = [f async for f in relay_stream(frames(CHUNK, usage, DONE_FRAME), stats, model="m", include_usage=False,
+                                       keepalive_s=10)]  # fmt: skip
+    assert (stats.prompt_tokens, stats.cached_tokens) == (9, 6)
+    bare = StreamStats()
+    _ = [f async for f in relay_stream(frames(CHUNK, USAGE, DONE_FRAME), bare, model="m", include_usage=False,
+                                       keepalive_s=10)]  # fmt: skip
+    assert bare.cached_tokens == 0  # an engine that does not say: nothing cached

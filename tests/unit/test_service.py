@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.relay import StreamStats
 from gateway.service import RequestContext, Service, StreamSession, UnaryResult
+from gateway.session import RequestScope
 from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
 
 USER = [{"role": "user", "content": "hi"}]
@@ -172,3 +175,36 @@ async def test_tools_to_an_engine_without_a_tool_parser_are_refused_by_name() ->
         await h.call({"model": "smol", "messages": USER, "tools": tools})
     assert (info.value.status, info.value.param) == (400, "tools")
     assert h.count(400) == 1
+
+
+async def test_streamed_and_unary_requests_feed_the_models_measured_speed() -> None:
+    h = Harness()
+    session = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(session, StreamSession)
+    await _drain(session)
+    assert isinstance(await h.call({"model": "smol", "messages": USER}), UnaryResult)
+    h.engine.behaviour = Behaviour(status=400, error={"error": {"message": "bad", "code": None}})
+    with pytest.raises(GatewayError):
+        await h.call({"model": "smol", "messages": USER})
+    stream, unary = h.metrics.live.samples("smol")  # the refused request is no sample
+    assert stream.streamed and stream.alone and stream.prompt_tokens == 4 and stream.ttft_s is not None
+    assert not unary.streamed and unary.alone and unary.decode_tok_s is None and unary.ttft_s is None
+    assert unary.unary_tok_s is not None and unary.unary_tok_s > 0
+    assert h.metrics.live.summary("smol")["window_requests"] == 2
+
+
+def test_a_streams_ttft_and_decode_speed_start_at_its_first_generated_token() -> None:
+    """The relay's times (ASGITransport buffers a body, so they are set here): the role-only chunk at 10 ms,
+    the first content at 500 ms, the last chunk at 1.5 s."""
+    h = Harness()
+    t0 = time.monotonic()
+    ctx = RequestContext(request_id="req-1", principal=OPEN, started=t0)
+    scope = RequestScope(h.service.registry.resolve("smol"), ctx, h.metrics)
+    assert scope.try_admit()
+    stats = StreamStats(first_token_at=t0 + 0.01, first_content_at=t0 + 0.5, last_chunk_at=t0 + 1.5, completed=True)
+    scope.finish(200, (4, 11), stats)
+    ttft = h.metrics.registry.get_sample_value("voltgate:time_to_first_token_seconds_sum", {"model": "smol"})
+    assert ttft == pytest.approx(0.5)
+    (sample,) = h.metrics.live.samples("smol")
+    assert sample.decode_tok_s == pytest.approx(10 / 1.0)  # 10 tokens after the first in 1 s
+    assert sample.ttft_s == pytest.approx(0.5, abs=0.05)  # from its admission, just after t0
