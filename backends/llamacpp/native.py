@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,30 +73,13 @@ class _LogForwarder:
 
 _log_forwarder: _LogForwarder | None = None
 
-LOG_MODE_ENV = "VOLTGATE_LLAMACPP_LOG"
-"""Diagnosis knob (GPU machine, 2026-12-01): `forward` (default) routes llama.cpp's log through our logger,
-`plain` through a module-level function, `library` keeps llama-cpp-python's own callback, `stderr` is
-llama.cpp's default."""
-
-
-@lib.llama_log_callback  # type: ignore[untyped-decorator]
-def _plain_log(level: int, text: bytes, _user_data: Any) -> None:
-    if level in (_LOG_WARN, _LOG_ERROR) and text:
-        sys.stderr.write("worker: llama.cpp: " + text.decode("utf-8", "replace"))
-
 
 def init_backend() -> None:
     """Initialise llama.cpp once per process and route its log through ours."""
     global _log_forwarder
     if _log_forwarder is None:
         _log_forwarder = _LogForwarder()
-        mode = os.environ.get(LOG_MODE_ENV, "forward")
-        if mode == "forward":
-            lib.llama_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
-        elif mode == "plain":
-            lib.llama_log_set(_plain_log, ctypes.c_void_p(0))
-        elif mode == "stderr":
-            lib.llama_log_set(lib.llama_log_callback(), ctypes.c_void_p(0))  # NULL: the default
+        lib.llama_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
         lib.llama_backend_init()
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 # First, before numpy (imported by the embedding modules): llama.cpp's shared libraries. On the GPU machine
-# (2026-12-01, CUDA build, Python 3.12) a process that had imported numpy before llama_cpp died with SIGSEGV
-# in llama_model_load_from_file; with llama_cpp imported first it loaded (bench/gpu/diag_import_order.sh).
+# (2026-12-01: CUDA build, Python 3.12, numpy 2.5.2) every process that had imported numpy before llama_cpp
+# died with SIGSEGV in llama_model_load_from_file, and every one that imported llama_cpp first loaded
+# (bench/gpu/diag_import_order.sh; tests/unit/test_worker_imports.py keeps the order).
 import backends.llamacpp.native  # noqa: F401
 
 # isort: split
@@ -13,7 +14,6 @@ import argparse
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -23,7 +23,7 @@ import uvicorn
 from backends.llamacpp.embed_server import create_app as create_embed_app
 from backends.llamacpp.embed_server import spec_from_worker_args as embed_spec_from_args
 from backends.llamacpp.embedding import POOLINGS
-from backends.llamacpp.native import ContextOptions, init_backend
+from backends.llamacpp.native import ContextOptions
 from backends.llamacpp.server import WorkerSpec, create_app
 
 log = logging.getLogger("voltgate.worker")
@@ -154,23 +154,6 @@ def _configure_logging() -> None:
     log.propagate = False
 
 
-THREAD_STACK_BYTES = 64 << 20
-
-
-def _prepare_native_threads() -> None:
-    """Before any thread starts: give threads a large stack, and initialise llama.cpp's backends here, on
-    the main thread, as llama-cpp-python's own `Llama` does.
-
-    The model loads on a thread (so /health answers while it loads) and decodes on the engine thread. On the
-    GPU machine of 2026-12-01 the worker died with SIGSEGV inside `llama_model_load_from_file` on the loader
-    thread (also with no layers offloaded), while `Llama()` on the main thread loaded the same file; a
-    thread's default stack (often far smaller than the main thread's) is the suspect. This is a mitigation
-    not yet verified on that machine (see bench/results/2026-12-01-gpu-h200/README.md).
-    """
-    threading.stack_size(THREAD_STACK_BYTES)
-    init_backend()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -181,7 +164,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not spec.model_path.is_file():
         log.error("model file %s not found", spec.model_path)
         return 2
-    _prepare_native_threads()
     failure: list[str] = []
 
     def on_fatal(reason: str) -> None:

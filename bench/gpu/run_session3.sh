@@ -39,7 +39,6 @@ echo "commit ${VG_COMMIT:-unknown}" >> "$R/commits.txt"
 
 env_on() {
   source "$G/env.sh"
-  [[ -f $G/log_mode ]] && export VOLTGATE_LLAMACPP_LOG=$(cat $G/log_mode)
   export PYTHONPATH=$PWD:/tmp/site2:$PYTHONPATH PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
 }
 
@@ -131,25 +130,16 @@ step_smoke() {
     tail -2 "$D/convert_tiny.log"
   fi
   timeout 120 bash bench/gpu/diag_import_order.sh $G/tiny.gguf 2>&1 | tee "$D/diag_import_order.txt"
-  local mode chosen=""
-  for mode in ${SMOKE_LOG_MODES:-forward}; do  # our worker answering a completion, per log mode
-    VOLTGATE_LLAMACPP_LOG=$mode PYTHONFAULTHANDLER=1 timeout 60 python3 -m backends.llamacpp.worker --model-name t \
-      --port 9100 --max-queue 8 --model $G/tiny.gguf --ctx 256 --slots 2 --n-gpu-layers -1 > "$D/worker_$mode.log" 2>&1 & local w=$!
-    for _ in $(seq 1 60); do curl -sf http://127.0.0.1:9100/health > /dev/null && break; kill -0 $w 2> /dev/null || break; sleep 0.5; done
-    local answer=""
-    if curl -sf http://127.0.0.1:9100/health > /dev/null; then
-      answer=$(curl -s -m 30 http://127.0.0.1:9100/v1/completions -H 'content-type: application/json' \
-        -d '{"model":"t","prompt":"hello","max_tokens":4}' | head -c 300)
-      kill -TERM $w
-    fi
-    wait $w; local rc=$?
-    stamp "smoke: worker log mode $mode rc $rc answer ${answer:0:120}"
-    [[ -z $chosen && $answer == *'"choices"'* ]] && chosen=$mode
-  done
-  grep -v '^\s*$' "$D/worker_forward.log" | tail -12
-  export VOLTGATE_LLAMACPP_LOG=${chosen:-forward}
-  stamp "smoke: the rest of this call runs workers with VOLTGATE_LLAMACPP_LOG=$VOLTGATE_LLAMACPP_LOG"
-  echo "$VOLTGATE_LLAMACPP_LOG" > $G/log_mode
+  PYTHONFAULTHANDLER=1 timeout 60 python3 -m backends.llamacpp.worker --model-name t --port 9100 --max-queue 8 \
+    --model $G/tiny.gguf --ctx 256 --slots 2 --n-gpu-layers -1 > "$D/worker.log" 2>&1 & local w=$!
+  for _ in $(seq 1 60); do curl -sf http://127.0.0.1:9100/health > /dev/null && break; kill -0 $w 2> /dev/null || break; sleep 0.5; done
+  local answer=""
+  if curl -sf http://127.0.0.1:9100/health > /dev/null; then
+    answer=$(curl -s -m 30 http://127.0.0.1:9100/v1/completions -H 'content-type: application/json' \
+      -d '{"model":"t","prompt":"hello","max_tokens":4}' | head -c 300)
+    kill -TERM $w
+  fi
+  wait $w; stamp "smoke: worker rc $? answer ${answer:0:120}"; grep -v '^\s*$' "$D/worker.log" | tail -12
 }
 
 step_gguf_wait() {  # $1 = seconds
