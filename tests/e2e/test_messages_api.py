@@ -201,21 +201,36 @@ def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(k
 
 async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_is_a_499(keyed: Gateway) -> None:
     url = keyed.url + "/v1/messages"
-    # Long enough that the first stream is still generating when the second request arrives: the frames of a
-    # short one fit in the socket buffers, so it can finish (and free the key) while this test reads nothing.
+    # The key is held by a chat stream that cannot end early: SmolLM2's end tokens (0, 2) are banned, so it is
+    # still generating its 1,500 tokens when the second request arrives (a Messages stream could stop at an end
+    # token and free the key while this test reads nothing).
+    held = {"model": MODEL, "max_tokens": 1500, "stream": True, "logit_bias": {"0": -100, "2": -100},
+            "messages": [{"role": "user", "content": COUNTING}]}  # fmt: skip
     counting = {"model": MODEL, "max_tokens": 1500, "stream": True, "messages": [{"role": "user", "content": COUNTING}]}
-    async with (
-        httpx.AsyncClient(timeout=60) as http,
-        http.stream("POST", url, json=counting, headers={"x-api-key": SOLO}) as first,
-    ):
-        assert first.status_code == 200
-        async for line in first.aiter_lines():
-            if line.startswith("event: content_block_delta"):
-                break
-        second = await http.post(url, json={**counting, "stream": False, "max_tokens": 8}, headers={"x-api-key": SOLO})
-        assert "in flight" in assert_anthropic_error(second, 429, "rate_limit_error")
-        assert 1 <= int(second.headers["retry-after"]) <= 60
-    # Leaving the block closed the connection mid-stream: the generation is aborted and accounted as 499.
+    headers = {"x-api-key": SOLO}
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream(
+            "POST", keyed.url + "/v1/chat/completions", json=held, headers={"authorization": f"Bearer {SOLO}"}
+        ) as first:
+            assert first.status_code == 200
+            async for line in first.aiter_lines():
+                if '"content":"' in line:
+                    break
+            second = await http.post(url, json={**counting, "stream": False, "max_tokens": 8}, headers=headers)
+            assert "in flight" in assert_anthropic_error(second, 429, "rate_limit_error")
+            assert 1 <= int(second.headers["retry-after"]) <= 60
+        # Leaving a Messages stream mid-stream closes the connection: the generation is aborted, accounted 499.
+        deadline = time.monotonic() + 20
+        while True:  # the chat stream's abort frees the key a moment after its connection closes
+            async with http.stream("POST", url, json=counting, headers=headers) as leaving:
+                if leaving.status_code == 200:
+                    async for line in leaving.aiter_lines():
+                        if line.startswith("event: content_block_delta"):
+                            break
+                    break
+                await leaving.aread()
+            assert time.monotonic() < deadline, "the key was never released"
+            time.sleep(0.2)
     deadline = time.monotonic() + 20
     while metric(scrape(keyed), "voltgate:requests_total", endpoint="messages", status="499") != 1:
         assert time.monotonic() < deadline, "the abandoned stream was never accounted"
