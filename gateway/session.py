@@ -335,11 +335,14 @@ class StreamSession:
             frame += b"data: " + json.dumps(body).encode() + b"\n\n"
         return progress.phase, frame
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any], None]:
-        """The stream as parsed `data:` objects (chunks, or `{"error": ...}`), for API translation layers."""
+    async def chunks(self) -> AsyncGenerator[dict[str, Any] | bytes, None]:
+        """The stream for API translation layers: parsed `data:` objects (chunks, or `{"error": ...}`), and
+        the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass them on)."""
         async for run in self.frames():
             for frame in run.split(b"\n\n"):
-                if frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
+                if frame.startswith(b":"):
+                    yield frame + b"\n\n"
+                elif frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
                     with contextlib.suppress(ValueError):
                         data = json.loads(frame[6:])
                         if isinstance(data, dict) and PROGRESS_KEY not in data:

@@ -68,6 +68,9 @@ async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator
     yield encode_events(stream.start())
     async with contextlib.aclosing(session.chunks()) as chunks:
         async for chunk in chunks:
+            if isinstance(chunk, bytes):  # a comment while it queues or its model loads
+                yield chunk
+                continue
             error = chunk.get("error")
             if isinstance(error, dict):  # the chat stream broke after its headers were sent
                 yield encode_events(stream.fail(_status(error), str(error.get("message") or "the generation failed")))

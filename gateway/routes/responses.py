@@ -75,6 +75,9 @@ class _Turn:
         async with contextlib.aclosing(session.chunks()) as chunks:
             try:
                 async for chunk in chunks:
+                    if isinstance(chunk, bytes):  # a comment while it queues or its model loads
+                        yield chunk
+                        continue
                     error = chunk.get("error")
                     if isinstance(error, dict):  # the chat stream broke after its headers were sent
                         message = str(error.get("message") or "the generation failed")

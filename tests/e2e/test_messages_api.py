@@ -7,6 +7,7 @@ for through `extra_body` (the gateway still takes it, as Anthropic's HTTP API do
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -16,12 +17,13 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
+import openai
 import pytest
 from anthropic.types import Message, MessageTokensCount
 
 from gateway.auth import hash_key
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
 from tests.e2e.streams import COUNTING, metric, scrape
 
 pytestmark = pytest.mark.e2e
@@ -170,7 +172,16 @@ def test_the_sdk_raises_its_own_errors(gateway: Gateway) -> None:
 def keyed(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("messages-keyed")
     solo = {"id": "solo", "sha256": hash_key(SOLO), "max_concurrent": 1}
-    config = write_config(tmp, smollm2_path, free_port(), auth={"keys": [solo]}, data_dir=str(tmp / "data"))
+    # One slot, so a second request queues; keep-alive comments every 0.2 s while it waits.
+    config = write_config(
+        tmp,
+        smollm2_path,
+        free_port(),
+        models=[model_entry(smollm2_path, concurrency=1)],
+        auth={"keys": [solo]},
+        data_dir=str(tmp / "data"),
+        keepalive_interval_s=0.2,
+    )
     gateway = start_gateway(config, tmp / "gateway.log", env={"VOLTGATE_API_KEYS": KEY})
     try:
         gateway.wait_ready()
@@ -237,3 +248,57 @@ async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_
         time.sleep(0.2)
     again = client(keyed, api_key=SOLO).messages.create(model=MODEL, max_tokens=4, messages=SHORT)
     assert again.usage.output_tokens > 0  # the slot and the key's in-flight count were released
+
+
+async def _holding_the_slot(http: httpx.AsyncClient, gateway: Gateway, release: asyncio.Event) -> None:
+    """A chat stream that cannot end early (end tokens banned) holds the one slot until `release`."""
+    held = {"model": MODEL, "max_tokens": 1500, "stream": True, "logit_bias": {"0": -100, "2": -100},
+            "messages": [{"role": "user", "content": COUNTING}]}  # fmt: skip
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with http.stream("POST", gateway.url + "/v1/chat/completions", json=held, headers=headers) as first:
+        assert first.status_code == 200
+        await release.wait()
+
+
+async def test_queued_messages_and_responses_streams_hear_keepalives_and_the_sdks_read_through_them(
+    keyed: Gateway,
+) -> None:
+    """Behind a stream holding the one slot, a Messages stream and a Responses stream wait with SSE comments
+    (a proxy or client idle timeout would otherwise cut them); the anthropic and openai SDKs skip them and read
+    the events once the slot frees."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        release = asyncio.Event()
+        holder = asyncio.create_task(_holding_the_slot(http, keyed, release))
+        await asyncio.sleep(1.0)
+        body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": SHORT}
+        async with http.stream("POST", keyed.url + "/v1/messages", json=body, headers={"x-api-key": KEY}) as raw:
+            assert raw.status_code == 200
+            lines = raw.aiter_lines()
+            seen = [await anext(lines) for _ in range(6)]  # message_start and ping, then what it waits for
+            seen.append(await anext(lines))
+            assert seen[-1].startswith(": waiting for a free slot"), seen
+            release.set()
+            await holder
+            rest = [line async for line in lines]
+        events = [line[7:] for line in seen + rest if line.startswith("event: ")]
+        assert events[0] == "message_start" and events[-1] == "message_stop"
+
+        release = asyncio.Event()
+        holder = asyncio.create_task(_holding_the_slot(http, keyed, release))
+        await asyncio.sleep(1.0)
+        asyncio.get_running_loop().call_later(1.5, release.set)
+        anthropic_client = anthropic.AsyncAnthropic(base_url=keyed.url, api_key=KEY, max_retries=0)
+        async with anthropic_client.messages.stream(model=MODEL, max_tokens=8, messages=SHORT) as stream:
+            message = await stream.get_final_message()
+        await holder
+        assert message.stop_reason in ("end_turn", "max_tokens") and message.content[0].type == "text"
+
+        release = asyncio.Event()
+        holder = asyncio.create_task(_holding_the_slot(http, keyed, release))
+        await asyncio.sleep(1.0)
+        asyncio.get_running_loop().call_later(1.5, release.set)
+        openai_client = openai.AsyncOpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+        async with openai_client.responses.stream(model=MODEL, input="What is 2+2?", max_output_tokens=8) as events:
+            response = await events.get_final_response()
+        await holder
+        assert response.status in ("completed", "incomplete") and response.output_text
