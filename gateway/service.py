@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,10 @@ class UnaryResult:
     status: int = 200
 
 
+Translate = Callable[[dict[str, Any]], dict[str, Any]]
+"""An API translation layer's rendering of a non-streamed chat answer; raises `GatewayError` when it cannot."""
+
+
 class Service:
     def __init__(
         self,
@@ -72,7 +77,12 @@ class Service:
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
 
     # -- entry point ------------------------------------------------------------------------------------
-    async def handle(self, parsed: ServedRequest, request: Request, ctx: RequestContext) -> UnaryResult | StreamSession:
+    async def handle(
+        self, parsed: ServedRequest, request: Request, ctx: RequestContext, translate: Translate | None = None
+    ) -> UnaryResult | StreamSession:
+        """Serve one request. A non-streamed answer is passed through `translate` (an API translation layer's
+        rendering, e.g. chat completion → Anthropic Message) before it is accounted, so a rendering that fails
+        is logged and counted with its error's status, never as the 200 the chat path gave."""
         try:
             deployment = self.registry.resolve(parsed.model)
         except GatewayError as exc:
@@ -100,7 +110,7 @@ class Service:
             )  # fmt: skip
             await session.open()
             return session
-        return await self._unary(scope, body, request)
+        return await self._unary(scope, body, request, translate)
 
     def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:
         """Account a request refused before it was admitted (one access-log line, counted by status)."""
@@ -155,7 +165,9 @@ class Service:
         return deployment.adapter.translate_request(engine_request)
 
     # -- non-streaming ----------------------------------------------------------------------------------
-    async def _unary(self, scope: RequestScope, body: dict[str, Any], request: Request) -> UnaryResult:
+    async def _unary(
+        self, scope: RequestScope, body: dict[str, Any], request: Request, translate: Translate | None
+    ) -> UnaryResult:
         status = 500
         tokens: tuple[int, int] | None = None
         try:
@@ -177,6 +189,8 @@ class Service:
             payload = _normalize(scope.ctx.kind, upstream.result())
             usage = payload.get("usage") or {}
             tokens = (int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+            if translate is not None:
+                payload = translate(payload)
             status = 200
             return UnaryResult(payload)
         except GatewayError as exc:

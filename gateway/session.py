@@ -348,6 +348,12 @@ class StreamSession:
                         if isinstance(data, dict) and PROGRESS_KEY not in data:
                             yield data
 
+    def translation_failed(self, exc: GatewayError) -> None:
+        """An API translation layer could not render this stream (say, a tool call Messages cannot stream in
+        order) and ended it with an error event: the request is accounted with `exc`'s status, not as 200.
+        Call it before the stream is closed."""
+        self.stats.error = exc
+
     async def close(self) -> None:
         if self.scope.finished:
             return

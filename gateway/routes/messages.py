@@ -78,6 +78,7 @@ async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator
             try:
                 events = stream.feed(chunk)
             except GatewayError as exc:  # the model's output cannot be streamed as Messages events
+                session.translation_failed(exc)
                 yield encode_events(stream.fail(exc.status, exc.message))
                 return
             if events:
@@ -86,10 +87,14 @@ async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator
 
 
 async def _submit(
-    request: Request, api: str, parse: Callable[[bytes], tuple[R, dict[str, Any]]]
+    request: Request,
+    api: str,
+    parse: Callable[[bytes], tuple[R, dict[str, Any]]],
+    render: Callable[[R, dict[str, Any]], dict[str, Any]],
 ) -> tuple[R, UnaryResult | StreamSession]:
-    """begin → parse and translate (`parse` answers the request and its chat body) → the service; a
-    refusal before the service is accounted here, the service accounts its own."""
+    """begin → parse and translate (`parse` answers the request and its chat body) → the service, which
+    passes a non-streamed answer through `render` before accounting it; a refusal before the service is
+    accounted here, the service accounts its own."""
     app, ctx, raw = await begin(request, RequestKind.CHAT, api=api)
     try:
         req, body = parse(raw)
@@ -98,7 +103,7 @@ async def _submit(
         app.service.refused(ctx, exc, model_hint(raw))
         raise
     try:
-        return req, await app.service.handle(chat, request, ctx)
+        return req, await app.service.handle(chat, request, ctx, translate=lambda body: render(req, body))
     except GatewayError as exc:  # accounted by the service; it names chat parameters
         raise renamed(exc, MESSAGES) from None
 
@@ -113,15 +118,23 @@ def _parse_count(raw: bytes) -> tuple[CountTokensRequest, dict[str, Any]]:
     return req, {**messages.to_chat(req), "max_tokens": 1}
 
 
+def _render_message(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:
+    return messages.to_message(chat, req, message_id=new_id("msg"))
+
+
+def _render_count(_req: CountTokensRequest, chat: dict[str, Any]) -> dict[str, Any]:
+    return {"input_tokens": messages.usage(chat.get("usage"))["input_tokens"]}
+
+
 @router.post("/v1/messages", include_in_schema=False)
 async def create_message(request: Request) -> Response:
     async def handle() -> Response:
-        req, result = await _submit(request, "messages", _parse_message)
+        req, result = await _submit(request, "messages", _parse_message, _render_message)
         if isinstance(result, StreamSession):
             return RelayResponse(_events(req, result), result.close, headers=SSE_HEADERS)
         if result.body is None:  # the client went away
             return render(result)
-        return JSONResponse(messages.to_message(result.body, req, message_id=new_id("msg")))
+        return JSONResponse(result.body)
 
     return await _anthropic(handle)
 
@@ -129,12 +142,12 @@ async def create_message(request: Request) -> Response:
 @router.post("/v1/messages/count_tokens", include_in_schema=False)
 async def count_tokens(request: Request) -> Response:
     async def handle() -> Response:
-        _, result = await _submit(request, "count_tokens", _parse_count)
+        _, result = await _submit(request, "count_tokens", _parse_count, _render_count)
         if isinstance(result, StreamSession):  # never: the body asks for no stream
             await result.close()
             raise GatewayError(ErrorCode.INTERNAL_ERROR, "count_tokens was streamed")
         if result.body is None:
             return render(result)
-        return JSONResponse({"input_tokens": messages.usage(result.body.get("usage"))["input_tokens"]})
+        return JSONResponse(result.body)
 
     return await _anthropic(handle)

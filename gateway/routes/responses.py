@@ -59,13 +59,11 @@ class _Turn:
         if self.req.stores:
             await self.store.put(response, responses.stored_input(self.req), self.owner)
 
-    async def complete(self, chat: dict[str, Any]) -> dict[str, Any]:
-        """The Response for a non-streamed chat completion, stored when asked."""
-        response = responses.to_response(
+    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The Response for a non-streamed chat completion (the service accounts the request after this)."""
+        return responses.to_response(
             chat, self.req, response_id=self.response_id, created_at=self.created_at, completed_at=int(time.time())
         )
-        await self.save(response)
-        return response
 
     async def events(self, session: StreamSession) -> AsyncIterator[bytes]:
         """The Responses event stream over the session's chat chunks; the session is closed by the caller."""
@@ -87,6 +85,7 @@ class _Turn:
                     if events:
                         yield encode_events(events)
             except GatewayError as exc:  # the model's output cannot be streamed as Responses events
+                session.translation_failed(exc)
                 ending = stream.fail(exc.message, exc.code.value)
         if ending is None:
             ending = stream.finish()
@@ -125,14 +124,15 @@ async def create_response(request: Request) -> Response:
         raise
     turn = _Turn(req, store, ctx.principal.key_id, new_id("resp"), int(time.time()))
     try:
-        result = await app.service.handle(chat, request, ctx)
+        result = await app.service.handle(chat, request, ctx, translate=turn.render)
     except GatewayError as exc:  # accounted by the service
         raise renamed(exc, RESPONSES) from None
     if isinstance(result, StreamSession):
         return RelayResponse(turn.events(result), result.close, headers=SSE_HEADERS)
     if result.body is None:  # the client went away
         return render(result)
-    return JSONResponse(await turn.complete(result.body))
+    await turn.save(result.body)
+    return JSONResponse(result.body)
 
 
 def _reader(request: Request) -> tuple[ResponseStore, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -20,11 +21,11 @@ from gateway.admission import Admission
 from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.relay import StreamStats
-from gateway.service import RequestContext, Service, StreamSession, UnaryResult
+from gateway.service import RequestContext, Service, StreamSession, Translate, UnaryResult
 from gateway.session import RequestScope
 from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
 
@@ -52,10 +53,10 @@ class Harness:
         labels = {"model": model, "endpoint": "chat", "status": str(status)}
         return self.metrics.registry.get_sample_value("voltgate:requests_total", labels) or 0.0
 
-    async def call(self, body: dict[str, object]) -> UnaryResult | StreamSession:
+    async def call(self, body: dict[str, object], translate: Translate | None = None) -> UnaryResult | StreamSession:
         parsed = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
         ctx = RequestContext(request_id="req-1", principal=OPEN, started=0.0)
-        return await self.service.handle(parsed, _request(), ctx)
+        return await self.service.handle(parsed, _request(), ctx, translate=translate)
 
 
 def _request() -> Request:
@@ -127,6 +128,34 @@ async def test_a_queued_stream_gets_keepalives_then_its_answer() -> None:
     assert frames.startswith(b": waiting for a free slot")
     assert frames.endswith(b"data: [DONE]\n\n")
     assert h.count(200) == 2
+
+
+def _cannot_render(_chat: dict[str, object]) -> dict[str, object]:
+    raise GatewayError(ErrorCode.UPSTREAM_ERROR, "the model's arguments for tool 'f' are not a JSON object")
+
+
+async def test_a_translation_that_cannot_render_the_answer_is_accounted_with_its_error_not_200() -> None:
+    h = Harness()
+    rendered = await h.call({"model": "smol", "messages": USER}, translate=lambda chat: {"wrapped": chat["id"]})
+    assert isinstance(rendered, UnaryResult) and set(rendered.body or {}) == {"wrapped"}
+    with pytest.raises(GatewayError) as info:
+        await h.call({"model": "smol", "messages": USER}, translate=_cannot_render)
+    assert info.value.status == 502
+    assert (h.count(200), h.count(502)) == (1, 1)
+    assert h.admission.running == 0
+
+
+async def test_a_stream_its_translation_gave_up_on_is_accounted_with_that_error() -> None:
+    h = Harness()
+    session = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(session, StreamSession)
+    async with contextlib.aclosing(session.chunks()) as chunks:
+        async for _chunk in chunks:
+            session.translation_failed(GatewayError(ErrorCode.UPSTREAM_ERROR, "cannot be streamed in order"))
+            break
+    await session.close()
+    assert (h.count(200), h.count(502)) == (0, 1)
+    assert h.admission.running == 0
 
 
 async def test_a_failed_worker_is_a_503_and_the_refusal_is_counted() -> None:
