@@ -1,0 +1,95 @@
+"""Predicted against measured on live traffic (issue #16): what `GET /v1/placement` says after real requests.
+
+Starts `voltgate serve` on one llama.cpp model (the embedded SmolLM2 by default, on the CPU), sends streamed
+chats one at a time and then `--concurrency` at once through the openai SDK, and writes the model's
+`prediction` and `measured` objects from /v1/placement, with the bench's own client-side decode speed beside
+them (the same definition: tokens after the first over first to last content chunk).
+
+    python -m bench.live_speed --output bench/results/<date>-cpu/live-speed.json [--n-threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from bench import launch, provenance
+from bench.processes import free_port
+
+MODEL = "smollm2-135m"
+PROMPT = "Write a short story about a lighthouse keeper."
+
+
+async def _stream(client: openai.AsyncOpenAI, max_tokens: int) -> float | None:
+    """One streamed chat; its decode tokens/s as the gateway measures it, None with fewer than 2 tokens."""
+    stream = await client.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=max_tokens, messages=[{"role": "user", "content": PROMPT}]
+    )
+    times = [time.perf_counter() async for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 and times[-1] > times[0] else None
+
+
+async def _load(root: str, args: argparse.Namespace) -> dict[str, Any]:
+    client = openai.AsyncOpenAI(base_url=root + "/v1", api_key=launch.BENCH_API_KEY, max_retries=0)
+    alone = [await _stream(client, args.max_tokens) for _ in range(args.sequential)]
+    together = await asyncio.gather(*[_stream(client, args.max_tokens) for _ in range(args.concurrency)])
+    headers = {"authorization": f"Bearer {launch.BENCH_API_KEY}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        placement = (await http.get(root + "/v1/placement", headers=headers)).json()
+    decision = next(d for d in placement["decisions"] if d.get("name", d.get("model")) == MODEL)
+
+    def p50(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return round(statistics.median(known), 1) if known else None
+
+    return {
+        "client_decode_tok_s_p50": {"alone": p50(alone), f"{args.concurrency}_at_once": p50(together)},
+        "prediction": decision.get("prediction"),
+        "measured": decision.get("measured"),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.live_speed", description=__doc__.splitlines()[0])
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--model-path", type=Path, help="GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    p.add_argument("--n-threads", type=int, default=None, help="llama.cpp threads (default: the worker's)")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--sequential", type=int, default=8, help="streams sent one at a time")
+    p.add_argument("--concurrency", type=int, default=4, help="streams sent at once afterwards")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--log-dir", type=Path, default=Path("bench/out/live-speed-logs"))
+    args = p.parse_args(argv)
+    model_path = args.model_path or launch.default_model_path()
+    entry = launch.llamacpp_model_entry(
+        MODEL, model_path, context=args.context, concurrency=args.slots, slots=args.slots, n_threads=args.n_threads
+    )
+    config = launch.gateway_config(free_port(), [entry])
+    meta = provenance.collect(model_shape=provenance.gguf_shape(model_path))
+    gateway = launch.start_gateway("live-speed-gateway", config, log_dir=args.log_dir)
+    try:
+        result = asyncio.run(_load(gateway.root_url, args))
+    finally:
+        gateway.process.stop()
+    settings = {k: v for k, v in vars(args).items() if k not in ("output", "log_dir", "model_path")}
+    record = {**meta, "bench": "live_speed", "settings": settings, "config": config, **result}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    ratios = (result["measured"] or {}).get("ratio_to_predicted")
+    print(json.dumps(result["client_decode_tok_s_p50"]), json.dumps(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
