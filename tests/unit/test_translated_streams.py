@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+from gateway.errors import GatewayError
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.routes.messages import _events as message_events
@@ -16,18 +17,23 @@ from gateway.store import ResponseStore
 
 
 class FakeSession:
-    """Stands for `gateway.session.StreamSession`: `chunks()` yields the chat chunk dicts it was given."""
+    """Stands for `gateway.session.StreamSession`: `chunks()` yields the chat chunk dicts (and SSE comment
+    frames, as bytes) it was given; `translation_failed` records what the translation gave up with."""
 
-    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+    def __init__(self, chunks: list[dict[str, Any] | bytes]) -> None:
         self._chunks = chunks
         self.closed = False
+        self.failed: list[GatewayError] = []
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any], None]:
+    async def chunks(self) -> AsyncGenerator[dict[str, Any] | bytes, None]:
         try:
             for chunk in self._chunks:
                 yield chunk
         finally:
             self.closed = True
+
+    def translation_failed(self, exc: GatewayError) -> None:
+        self.failed.append(exc)
 
 
 def delta(**fields: Any) -> dict[str, Any]:
@@ -45,7 +51,7 @@ BROKEN = {"error": {"message": "the worker restarted", "type": "server_error", "
 def parse(frames: list[bytes]) -> list[dict[str, Any]]:
     events = []
     for frame in b"".join(frames).split(b"\n\n"):
-        if frame:
+        if frame and not frame.startswith(b":"):  # an SSE comment is no event
             name, data = frame.split(b"\n")
             event = json.loads(data.removeprefix(b"data: "))
             assert name == b"event: " + event["type"].encode()
@@ -98,6 +104,7 @@ async def test_interleaved_tool_call_fragments_fail_the_response(tmp_path: Path)
     events = parse([frame async for frame in turn(store, store=False).events(session)])  # type: ignore[arg-type]
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert "cannot be streamed in order" in events[-2]["message"]
+    assert [e.status for e in session.failed] == [502]  # accounted as the failure it was, not as 200
     assert not (tmp_path / "responses.sqlite3").exists()  # store: false writes nothing
     store.close()
 
@@ -112,6 +119,20 @@ async def test_a_chat_error_mid_stream_is_an_anthropic_error_event() -> None:
     ]  # fmt: skip
     assert events[-1]["error"] == {"type": "overloaded_error", "message": "the worker restarted"}
     assert session.closed
+
+
+async def test_comments_said_while_waiting_pass_through_both_apis_untouched(tmp_path: Path) -> None:
+    waiting = b": waiting for a free slot\n\n"
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "stream": True, "messages": [
+        {"role": "user", "content": "hi"}]})  # fmt: skip
+    chunks: list[dict[str, Any] | bytes] = [waiting, delta(content="Hi"), finish("stop"), USAGE]
+    messages_frames = [frame async for frame in message_events(req, FakeSession(chunks))]  # type: ignore[arg-type]
+    store = ResponseStore(tmp_path)
+    responses_frames = [frame async for frame in turn(store, store=False).events(FakeSession(chunks))]  # type: ignore[arg-type]
+    store.close()
+    for frames in (messages_frames, responses_frames):
+        assert waiting in frames and frames.index(waiting) == 1  # right after message_start / response.created
+        assert parse(frames)[-1]["type"] in ("message_stop", "response.completed")
 
 
 async def test_a_completed_message_stream_ends_with_its_usage() -> None:
