@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import batching, launch, overhead, plots, provenance, report
+from bench import batching, launch, live_speed, overhead, plots, provenance, report
 
 REPO = Path(__file__).resolve().parent.parent
-STAGES = ("batching", "overhead")
+STAGES = ("batching", "overhead", "live_speed")
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f" --num-requests {batching_kw['requests_per_level']}" if args.quick else "")
             + f"{model_arg} --output batching.json",
             f".venv/bin/python -m bench.overhead{quick}{model_arg} --output overhead.json",
+            f".venv/bin/python -m bench.live_speed --n-threads 1{model_arg} --output live_speed.json",
         ],
         "stage_s": {},
         "errors": {},
@@ -83,8 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = batching.run(model_path, log_dir, **batching_kw)
                 note = f"{meta['hardware']['cpu_model']}, {meta['hardware']['cpu_count']} cores; SmolLM2-135M Q4_1"
                 plots.plot_sweeps(result["series"], out, note=note)
-            else:
+            elif stage == "overhead":
                 result = overhead.run(model_path, log_dir, quick=args.quick)
+            else:
+                result = live_speed.run(model_path, log_dir, n_threads=1)
             suite[stage] = result
             _write_json(out / f"{stage}.json", {"meta": meta, **result})
         except Exception as exc:  # one failed stage must not lose the others' results

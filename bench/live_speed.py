@@ -25,6 +25,7 @@ import openai
 
 from bench import launch, provenance
 from bench.processes import free_port
+from bench.report import live_speed_table
 
 MODEL = "smollm2-135m"
 PROMPT = "Write a short story about a lighthouse keeper."
@@ -59,6 +60,32 @@ async def _load(root: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run(
+    model_path: Path,
+    log_dir: Path,
+    *,
+    n_threads: int | None = 1,
+    context: int = 4096,
+    slots: int = 4,
+    sequential: int = 8,
+    concurrency: int = 4,
+    max_tokens: int = 128,
+) -> dict[str, Any]:
+    """Start the gateway, send the load, and answer the settings, the config and what /v1/placement said."""
+    entry = launch.llamacpp_model_entry(
+        MODEL, model_path, context=context, concurrency=slots, slots=slots, n_threads=n_threads
+    )
+    config = launch.gateway_config(free_port(), [entry])
+    load = argparse.Namespace(sequential=sequential, concurrency=concurrency, max_tokens=max_tokens)
+    gateway = launch.start_gateway("live-speed-gateway", config, log_dir=log_dir)
+    try:
+        result = asyncio.run(_load(gateway.root_url, load))
+    finally:
+        gateway.process.stop()
+    settings = {"n_threads": n_threads, "context": context, "slots": slots, **vars(load)}
+    return {"bench": "live_speed", "settings": settings, "config": config, **result}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.live_speed", description=__doc__.splitlines()[0])
     p.add_argument("--output", type=Path, required=True)
@@ -72,22 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("bench/out/live-speed-logs"))
     args = p.parse_args(argv)
     model_path = args.model_path or launch.default_model_path()
-    entry = launch.llamacpp_model_entry(
-        MODEL, model_path, context=args.context, concurrency=args.slots, slots=args.slots, n_threads=args.n_threads
-    )
-    config = launch.gateway_config(free_port(), [entry])
     meta = provenance.collect(model_shape=provenance.gguf_shape(model_path))
-    gateway = launch.start_gateway("live-speed-gateway", config, log_dir=args.log_dir)
-    try:
-        result = asyncio.run(_load(gateway.root_url, args))
-    finally:
-        gateway.process.stop()
-    settings = {k: v for k, v in vars(args).items() if k not in ("output", "log_dir", "model_path")}
-    record = {**meta, "bench": "live_speed", "settings": settings, "config": config, **result}
+    result = run(
+        model_path, args.log_dir, n_threads=args.n_threads, context=args.context, slots=args.slots,
+        sequential=args.sequential, concurrency=args.concurrency, max_tokens=args.max_tokens,
+    )  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(record, indent=2) + "\n")
-    ratios = (result["measured"] or {}).get("ratio_to_predicted")
-    print(json.dumps(result["client_decode_tok_s_p50"]), json.dumps(ratios))
+    args.output.write_text(json.dumps({**meta, **result}, indent=2) + "\n")
+    print(live_speed_table(result))
     return 0
 
 

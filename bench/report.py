@@ -295,6 +295,39 @@ alternating request by request, each with its own prompt; median(path) - median(
 median of per-round differences."""
 
 
+LIVE_SPEED_NOTES = (
+    "`voltgate serve` on the model (context 4,096, 4 slots, one llama.cpp thread), 8 streamed chats of up to 128 "
+    "tokens one at a time and then 4 at once through the openai SDK, then `GET /v1/placement`: the plan's "
+    "prediction beside what the gateway measured (`gateway/live_speed.py`) and what the client measured. The "
+    "CPU prediction's constants come from the machine they were calibrated on (2026-11-29): on another CPU "
+    "the ratio says how far off they are."
+)
+
+
+def live_speed_table(result: dict[str, Any]) -> str:
+    """The predicted-against-measured table of summary.md."""
+    prediction, measured = result.get("prediction") or {}, result.get("measured") or {}
+    ratios = measured.get("ratio_to_predicted") or {}
+    client = result.get("client_decode_tok_s_p50") or {}
+    alone = (measured.get("decode_tok_s_single_stream") or {}).get("p50")
+    per_stream = (measured.get("decode_tok_s_per_stream") or {}).get("p50")
+    ttft = (measured.get("ttft_s") or {}).get("p50")
+    rows = [
+        "| | predicted | measured by the gateway (p50) | measured by the client (p50) | ratio |",
+        "|---|---:|---:|---:|---:|",
+        f"| decode tok/s, a stream alone | {prediction.get('decode_tok_s_1')} | {alone} | {client.get('alone')} "
+        f"| {ratios.get('decode_single')} |",
+        f"| decode tok/s per stream, every request | {prediction.get('decode_tok_s_per_stream')} at "
+        f"{prediction.get('sessions')} streams | {per_stream} (mean {measured.get('mean_concurrent_streams')} "
+        f"at once) | {next(iter(v for k, v in client.items() if k != 'alone'), None)} (all at once) "
+        f"| {ratios.get('decode_per_stream')} |",
+        f"| TTFT s | {prediction.get('ttft_s')} for 512 tokens | {ttft} for "
+        f"{measured.get('mean_prompt_tokens')} ({measured.get('mean_cached_prompt_tokens')} cached) | | "
+        f"{ratios.get('ttft')} |",
+    ]
+    return "\n".join(rows)
+
+
 def suite_summary(suite: dict[str, Any]) -> str:
     """summary.md for a CPU suite run."""
     meta = suite["meta"]
@@ -332,7 +365,10 @@ def suite_summary(suite: dict[str, Any]) -> str:
         lines += ["", "![throughput](throughput_vs_concurrency.png) ![ttft](ttft_vs_concurrency.png)"]
     if suite.get("overhead"):
         lines += ["", "## Gateway overhead (issue 7)", "", OVERHEAD_NOTES, "", overhead_tables(suite["overhead"])]
+    if suite.get("live_speed"):
+        lines += ["", "## Predicted against measured on live traffic (issue 16)", "", LIVE_SPEED_NOTES, ""]
+        lines += [live_speed_table(suite["live_speed"])]
     if suite.get("errors"):
         lines += ["", "## Stages that failed", ""] + [f"- {k}: {v}" for k, v in suite["errors"].items()]
-    lines += ["", "Raw results: `batching.json`, `overhead.json`, `suite.json` (per-level summaries, provenance).", ""]
+    lines += ["", "Raw results: `batching.json`, `overhead.json`, `live_speed.json`, `suite.json` (provenance).", ""]
     return "\n".join(lines)

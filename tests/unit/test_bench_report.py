@@ -82,3 +82,32 @@ def test_quant_label_comes_from_the_gguf_file_name():
     assert batching.quant_label(Path("llama-2-7b.Q4_K_M.gguf")) == "Q4_K_M"
     assert batching.quant_label(Path("llama-2-7b-f16.gguf")) == "F16"
     assert batching.quant_label(Path("model.gguf")) == "GGUF"
+
+
+LIVE = {
+    "prediction": {"decode_tok_s_1": 141.6, "decode_tok_s_per_stream": 37.0, "sessions": 4, "ttft_s": 2.033},
+    "measured": {
+        "decode_tok_s_single_stream": {"n": 8, "p50": 60.7},
+        "decode_tok_s_per_stream": {"n": 12, "p50": 59.2},
+        "ttft_s": {"n": 12, "p50": 0.0206},
+        "mean_prompt_tokens": 39.0,
+        "mean_cached_prompt_tokens": 25.3,
+        "mean_concurrent_streams": 2.0,
+        "ratio_to_predicted": {"decode_single": 0.429, "decode_per_stream": 0.435, "ttft": 1.702},
+    },
+    "client_decode_tok_s_p50": {"alone": 60.7, "4_at_once": 23.1},
+}
+
+
+def test_live_speed_table_sets_prediction_gateway_and_client_side_by_side():
+    rows = report.live_speed_table(LIVE).splitlines()
+    assert rows[2].split("|")[2:6] == [" 141.6 ", " 60.7 ", " 60.7 ", " 0.429 "]
+    assert "37.0 at 4 streams" in rows[3] and "23.1 (all at once)" in rows[3] and "0.435" in rows[3]
+    assert "0.0206 for 39.0 (25.3 cached)" in rows[4]
+
+
+def test_a_suite_with_live_speed_has_its_section_and_one_without_measurements_does_not_fail():
+    suite = {"date": "2026-12-01", "meta": {}, "live_speed": LIVE}
+    assert "## Predicted against measured on live traffic" in report.suite_summary(suite)
+    empty = report.live_speed_table({"prediction": None, "measured": None})
+    assert "| decode tok/s, a stream alone | None | None | None | None |" in empty
