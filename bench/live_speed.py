@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -26,35 +25,41 @@ import openai
 from bench import launch, provenance
 from bench.processes import free_port
 from bench.report import live_speed_table
+from bench.stats import RequestRecord, median
 
 MODEL = "smollm2-135m"
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
 async def _stream(client: openai.AsyncOpenAI, max_tokens: int) -> float | None:
-    """One streamed chat; its decode tokens/s as the gateway measures it, None with fewer than 2 tokens."""
+    """One streamed chat; its decode tokens/s as the gateway measures it (content chunks after the first over
+    first to last content chunk), None with fewer than 2."""
+    started = time.perf_counter()
     stream = await client.chat.completions.create(
         model=MODEL, stream=True, max_tokens=max_tokens, messages=[{"role": "user", "content": PROMPT}]
     )
     times = [time.perf_counter() async for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
-    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 and times[-1] > times[0] else None
+    if not times:
+        return None
+    record = RequestRecord(index=0, ttft_s=times[0] - started, e2e_s=times[-1] - started, output_tokens=len(times))
+    return record.decode_tok_s
 
 
-async def _load(root: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _load(root: str, *, sequential: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
     client = openai.AsyncOpenAI(base_url=root + "/v1", api_key=launch.BENCH_API_KEY, max_retries=0)
-    alone = [await _stream(client, args.max_tokens) for _ in range(args.sequential)]
-    together = await asyncio.gather(*[_stream(client, args.max_tokens) for _ in range(args.concurrency)])
+    alone = [await _stream(client, max_tokens) for _ in range(sequential)]
+    together = await asyncio.gather(*[_stream(client, max_tokens) for _ in range(concurrency)])
     headers = {"authorization": f"Bearer {launch.BENCH_API_KEY}"}
     async with httpx.AsyncClient(timeout=30) as http:
         placement = (await http.get(root + "/v1/placement", headers=headers)).json()
     decision = next(d for d in placement["decisions"] if d.get("name", d.get("model")) == MODEL)
 
     def p50(values: Sequence[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return round(statistics.median(known), 1) if known else None
+        found = median(v for v in values if v is not None)
+        return round(found, 1) if found is not None else None
 
     return {
-        "client_decode_tok_s_p50": {"alone": p50(alone), f"{args.concurrency}_at_once": p50(together)},
+        "client_decode_tok_s_p50": {"alone": p50(alone), f"{concurrency}_at_once": p50(together)},
         "prediction": decision.get("prediction"),
         "measured": decision.get("measured"),
     }
@@ -76,13 +81,13 @@ def run(
         MODEL, model_path, context=context, concurrency=slots, slots=slots, n_threads=n_threads
     )
     config = launch.gateway_config(free_port(), [entry])
-    load = argparse.Namespace(sequential=sequential, concurrency=concurrency, max_tokens=max_tokens)
+    load = {"sequential": sequential, "concurrency": concurrency, "max_tokens": max_tokens}
     gateway = launch.start_gateway("live-speed-gateway", config, log_dir=log_dir)
     try:
-        result = asyncio.run(_load(gateway.root_url, load))
+        result = asyncio.run(_load(gateway.root_url, **load))
     finally:
         gateway.process.stop()
-    settings = {"n_threads": n_threads, "context": context, "slots": slots, **vars(load)}
+    settings = {"n_threads": n_threads, "context": context, "slots": slots, **load}
     return {"bench": "live_speed", "settings": settings, "config": config, **result}
 
 
