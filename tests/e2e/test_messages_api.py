@@ -213,8 +213,7 @@ def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(k
 async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_is_a_499(keyed: Gateway) -> None:
     url = keyed.url + "/v1/messages"
     # The key is held by a chat stream that cannot end early: SmolLM2's end tokens (0, 2) are banned, so it is
-    # still generating its 1,500 tokens when the second request arrives (a Messages stream could stop at an end
-    # token and free the key while this test reads nothing).
+    # still generating its 1,500 tokens when the second request arrives.
     held = {"model": MODEL, "max_tokens": 1500, "stream": True, "logit_bias": {"0": -100, "2": -100},
             "messages": [{"role": "user", "content": COUNTING}]}  # fmt: skip
     counting = {"model": MODEL, "max_tokens": 1500, "stream": True, "messages": [{"role": "user", "content": COUNTING}]}
@@ -224,7 +223,10 @@ async def test_a_key_limit_is_a_429_in_anthropics_envelope_and_a_client_leaving_
             "POST", keyed.url + "/v1/chat/completions", json=held, headers={"authorization": f"Bearer {SOLO}"}
         ) as first:
             assert first.status_code == 200
-            async for line in first.aiter_lines():
+            # Kept in a name: a line iterator dropped by `break` is finalised at once, and its aclose() closes
+            # the response, which the gateway rightly takes for the client leaving (499, key released).
+            lines = first.aiter_lines()
+            async for line in lines:
                 if '"content":"' in line:
                     break
             second = await http.post(url, json={**counting, "stream": False, "max_tokens": 8}, headers=headers)
