@@ -21,8 +21,8 @@ Ratios to the plan's `Prediction` (measured / predicted; null without a predicti
 - `decode_per_stream`: p50 over requests of decode speed / the prediction at that request's concurrency,
   interpolated linearly in step time (1 / tok/s) between the plan's points (1, `sessions`,
   `capacity_sessions`), clamped to them;
-- `ttft`: p50 over requests that ran alone of TTFT / (prompt tokens / `prefill_tok_s` + 1 / `decode_tok_s_1`),
-  the plan's 512-token TTFT rescaled to the request's prompt, less the tokens its engine served from its prefix
+- `ttft`: p50 over requests that ran alone of TTFT / `Prediction.ttft_at(prompt tokens)` (the request overhead
+  plus that prompt's prefill, by the plan's own inputs), less the tokens its engine served from its prefix
   cache (`prompt_tokens_details.cached_tokens`, when the engine reports it).
 The prediction reads every session's KV cache at the full configured context, so short requests measure
 faster than predicted (ratios above 1).
@@ -262,11 +262,8 @@ def predicted_per_stream(prediction: Prediction, streams: float) -> float | None
 
 
 def predicted_ttft(prediction: Prediction, prompt_tokens: int) -> float | None:
-    """The plan's TTFT for a prompt of `prompt_tokens` on an idle deployment: the prompt at the predicted
-    prefill rate, then one decode step."""
-    if prediction.prefill_tok_s <= 0 or prediction.decode_tok_s_1 <= 0:
-        return None
-    return prompt_tokens / prediction.prefill_tok_s + 1 / prediction.decode_tok_s_1
+    """The plan's TTFT for a prompt of `prompt_tokens` on an idle deployment (`Prediction.ttft_at`)."""
+    return prediction.ttft_at(prompt_tokens) if prompt_tokens > 0 else None
 
 
 def predictions_from_placement(placement: Mapping[str, Any], models: Collection[str]) -> dict[str, Prediction]:

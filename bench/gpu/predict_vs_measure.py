@@ -20,12 +20,16 @@ What each prediction is, from the plan's `prediction` (gateway/placement/perform
 - any other level L: the plan of the same config with `concurrency: L` (its deployment must be the served
   one's: engine, file, layers, KV type and tp are compared and a difference is reported in the row).
   A level above what the placement holds is predicted at that many (the rest queue in the gateway).
-- TTFT: the measured mean prompt tokens / the plan's `prefill_tok_s` + one decode step at that level
-  (1 / per-stream tok/s); the plan's own `ttft_s` is for a 512-token prompt and is kept in the JSON.
-The prediction reads every session's KV at its full configured `context`; the load's sessions are
-prompt + output tokens long (about half of that on average), so at many streams the prediction is
-pessimistic by that KV read. Measured: per-stream decode tok/s is the mean over requests of (output tokens
-- 1) / (end - first token); aggregate is output tokens / level wall time; TTFT is the p50.
+The table's predicted numbers are the served plan's prediction recomputed from its `inputs` for this load
+(`Prediction.per_stream_at`, `Prediction.ttft_at`: the same formulas as the plan, no second model):
+- per stream: at the level's sessions, each as long as the load's mean prompt + half its output (the plan
+  reads KV at the full configured `context`, the speed it promises for full sessions; those numbers are kept
+  in each row as `plan_per_stream` and `plan_aggregate`); aggregate = per stream x sessions;
+- TTFT: the request overhead plus the prefill of every prompt of the level's wave, since a closed loop of
+  equal outputs sends each wave's prompts together (the engines batch a wave's prompts into shared steps, so
+  their first tokens come out close together, after about all of the wave's prefill).
+Measured: per-stream decode tok/s is the mean over requests of (output tokens - 1) / (end - first token);
+aggregate is output tokens / level wall time; TTFT is the p50.
 Ratio = measured / predicted; `within_25pct` when |ratio - 1| <= 0.25.
 """
 
@@ -49,6 +53,7 @@ import httpx
 import yaml
 
 from bench.loadgen import LoadSpec, sweep
+from gateway.placement.performance import Prediction
 
 TOLERANCE = 0.25
 NONE = "-"
@@ -225,25 +230,31 @@ def ratio(measured: float | None, predicted: float | None) -> float | None:
     return round(measured / predicted, 3)
 
 
-def compare(level: int, pred: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def compare(level: int, pred: dict[str, Any], summary: dict[str, Any], prediction: Prediction,
+            output_tokens: int) -> dict[str, Any]:  # fmt: skip
+    """One level's row: the served plan's prediction recomputed for this load (module docstring) against what
+    was measured; the plan's own full-context numbers are kept as `plan_per_stream` / `plan_aggregate`."""
     done = summary["completed"]
     prompt = summary["prompt_tokens"] / done if done else None
     per_stream = summary["decode_tok_s_per_stream"]["mean"]
     aggregate = summary["output_throughput"] if done else None
     ttft = summary["ttft_ms"]["p50"]
-    ttft_pred = None
-    if prompt and pred["prefill_tok_s"] and pred["per_stream"]:
-        ttft_pred = (prompt / pred["prefill_tok_s"] + 1 / pred["per_stream"]) * 1000
+    sessions = pred["sessions_predicted"]
+    each = ttft_pred = None
+    if prompt:
+        each = prediction.per_stream_at(sessions, round(prompt) + output_tokens // 2)
+        ttft_pred = prediction.ttft_at(round(prompt), ahead=sessions - 1) * 1000
     row: dict[str, Any] = {"level": level, "requests": summary["requests"], "completed": done,
-                           "errors": summary["errors"], "prompt_tokens_mean": prompt and round(prompt, 1)}  # fmt: skip
-    for key, m, p in (("per_stream_tok_s", per_stream, pred["per_stream"]),
-                      ("aggregate_tok_s", aggregate, pred["aggregate"]),
+                           "errors": summary["errors"], "prompt_tokens_mean": prompt and round(prompt, 1),
+                           "plan_per_stream": pred["per_stream"], "plan_aggregate": pred["aggregate"]}  # fmt: skip
+    for key, m, p in (("per_stream_tok_s", per_stream, each),
+                      ("aggregate_tok_s", aggregate, each and each * sessions),
                       ("ttft_ms", ttft, ttft_pred)):  # fmt: skip
         r = ratio(m, p)
         row[key] = {"predicted": p and round(p, 1), "measured": m and round(m, 1), "ratio": r,
                     "within_25pct": None if r is None else abs(r - 1) <= TOLERANCE}  # fmt: skip
     row["prediction_from"] = pred["from"]
-    row["sessions_predicted"] = pred["sessions_predicted"]
+    row["sessions_predicted"] = sessions
     if "deployment_differs" in pred:
         row["deployment_differs"] = pred["deployment_differs"]
     row["itl_ms_p50"] = summary["itl_ms"]["p50"]
@@ -282,6 +293,7 @@ def run_scenario(s: dict[str, Any], args: argparse.Namespace, out_dir: Path) -> 
             result["live_deployment"] = deployment(live_d)
             result["live_prediction"] = live_d.get("prediction")
         model = d["model"]
+        served = Prediction.model_validate(d["prediction"])
         output_tokens = int(s.get("output_tokens", args.output_tokens))
         result["prompt_words"], result["output_tokens"] = args.prompt_tokens, output_tokens
         spec = LoadSpec(base_url=f"{gateway.root}/v1", model=model, endpoint="completions",
@@ -295,7 +307,7 @@ def run_scenario(s: dict[str, Any], args: argparse.Namespace, out_dir: Path) -> 
                                        label=name, progress=True))  # fmt: skip
             summary = res.summary
             levels_json.append({"concurrency": level, "summary": summary})
-            rows.append(compare(level, pred["per_level"][level], summary))
+            rows.append(compare(level, pred["per_level"][level], summary, served, output_tokens))
         result["gpu_memory_after"] = gpu_memory()
         result["ok"] = True
     except SystemExit:  # SIGTERM (the step's time ran out): keep what was measured, run nothing more

@@ -13,6 +13,7 @@
 #                      numpy first crash the load?) and our worker (generate, all layers on GPU) answering a completion
 #   gguf-wait:N        wait up to N s for the GGUF files
 #   pvm:A,B,...        issue #16: bench.gpu.predict_vs_measure on those scenarios of configs/pvm-scenarios.yaml
+#                      (PVM_ARGS: more arguments for it, e.g. "--prompt-tokens 256")
 #   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
 #   embed              issue #13: bge-base-shaped random BERT GGUF, bench.gpu.embeddings_gpu (all layers on GPU)
 # Everything lands in /tmp/s3/results and is packed into $OUT/results_call$CALL.tar.gz at the end.
@@ -155,7 +156,7 @@ step_pvm() {  # $1 = comma-separated scenario names
   local names=${1//,/ }
   timeout -s TERM $(($(left) - 20)) python3 -m bench.gpu.predict_vs_measure run \
     --scenarios ${PVM_SCENARIOS:-bench/gpu/configs/pvm-scenarios.yaml} --only $names --gpus auto --out-dir "$R/pvm" \
-    --hold-script .gpu/hold_memory.py --python python3 --port $PORT --skip-done --commit "${VG_COMMIT:-unknown}" 2>&1 | grep -v '^\s*$'
+    --hold-script .gpu/hold_memory.py --python python3 --port $PORT --skip-done --commit "${VG_COMMIT:-unknown}" ${PVM_ARGS:-} 2>&1 | grep -v '^\s*$'
   end_leftover_on_port
 }
 

@@ -8,9 +8,13 @@ arithmetic only catches up at large batch, so per GPU
 
 plus, with tensor parallelism, two all-reduces per layer (TP_ALLREDUCE_S each, per extra GPU), and, for
 layers llama.cpp leaves on the CPU, their bytes at HOST_BANDWIDTH or their arithmetic at CPU speed,
-whichever is slower. Prefill is compute-bound: 2 x params x tokens at PREFILL_MFU of the FP16 tensor FLOPS.
-KV is read at the session's full configured context: the speed when every session is as long as the plan
-promises.
+whichever is slower. Prefill is compute-bound: 2 x params x tokens at PREFILL_MFU of the FP16 tensor FLOPS
+(llama.cpp's quantised kernels at most QUANT_PREFILL_CEILING_FLOPS), plus, for layers left on the CPU, a copy
+of their weights to the GPU per 512-token batch of each prompt. Time to first token is REQUEST_OVERHEAD_S plus
+the prompt's prefill (the first token is sampled from the prefill's logits); `ttft_burst_s` is the last of
+`sessions` prompts that arrive together, whose prefills run one after another. The plan's numbers read KV at
+the session's full configured context: the speed when every session is as long as the plan promises;
+`Prediction.per_stream_at` answers for another length (a benchmark's real sessions, for instance).
 
 `fixed` and `per_session` (`StepCost`) are measured on the H200 (bench/results/2026-11-29-gpu-h200/): its
 one-stream speeds are 0.27-0.66 of its bandwidth limit, but the gap is a cost per step (kernel launches,
@@ -73,19 +77,33 @@ DECODE_MFU = 0.5
 """Share of FP16 tensor FLOPS a batched decode step's matmuls reach (assumed: nothing here runs that large)."""
 PREFILL_MFU = {"llamacpp": 0.33, "turbomind": 0.5}
 """llama.cpp: the published V100-SXM2 pp512 of 3,040 tok/s for a 7B Q4_0 (2 x 6.74e9 x 3,040 = 41 TFLOPS
-of 125). TurboMind: assumed (its 220-token prompts on the H200 are launch-bound, 14 % of peak)."""
+of 125); F16 on the H200 reached 0.42-0.45. TurboMind: 0.46-0.52 on the H200 (1, 8 and 32 prompts of ~225
+tokens at once, net of REQUEST_OVERHEAD_S). Both from bench/results/2026-12-01-gpu-h200*/pvm/."""
+QUANT_PREFILL_CEILING_FLOPS = {"Q8_0": 166e12, "quant": 190e12}
+"""llama.cpp's quantised matmuls (MMQ) on the H200 reach far less than its FP16 tensor cores: Q8_0 166 TFLOPS
+(one prompt and eight at once agree within 5 %), Q4_K_M 130 at one ~225-token prompt and 270 at eight, taken
+as 190 (the geometric middle; also used for every other quant). A ceiling, not a fraction: on a V100,
+PREFILL_MFU's 41 TFLOPS stays below it and the published pp512 still holds."""
+REQUEST_OVERHEAD_S = 12.5e-3
+"""What a request spends outside prefill before its first token reaches the client: HTTP through the gateway
+and the worker, chat template and tokenisation, the first SSE chunk. The intercept of TTFT against the tokens
+prefilled (1 and 8 prompts at once) for TurboMind, llama.cpp F16 and Q8_0 on the H200 host: 12.3-13.3 ms."""
 TP_ALLREDUCE_S = 27.2e-6
 """One all-reduce per extra GPU: TurboMind tp 2 on two H200s (NVLink) spent 1.77 ms more per step than tp 1
 beyond its halved reads, over 64 all-reduces (turbomind/loadgen_2xv100-16gb.json vs loadgen_v100-32gb.json).
 PCIe-only V100s are slower; unmeasured."""
-HOST_BANDWIDTH = 50e9
-"""Host memory read by llama.cpp's CPU layers (assumed: 'tens of GB/s' on a dual-socket V100 host)."""
+HOST_BANDWIDTH = 32e9
+"""Host memory read by llama.cpp's CPU layers: 32 GB/s on the H200 host, 8 threads (Q4_K_M with 10 of 32
+layers on the CPU, one stream: 45 ms a step, 41.5 of them on the CPU for 1.34 GB; bench/results/
+2026-12-01-gpu-h200-session5/pvm). The session-4 value of 50 GB/s was an assumption."""
 CPU_DECODE_FLOPS_PER_THREAD = 41e9
 CPU_PREFILL_FLOPS_PER_THREAD = 68e9
 """One llama.cpp thread, SmolLM2-135M Q4_1: 153 tok/s decode, 64-token prompts in 255 ms
 (bench/results/2026-11-29-cpu/batching.json)."""
-PCIE_BANDWIDTH = 12e9
-"""llama.cpp prefill copies CPU-resident weights to the GPU per 512-token batch (PCIe 3.0 x16; assumed)."""
+PCIE_BANDWIDTH = 7e9
+"""llama.cpp prefill copies CPU-resident weights to the GPU per 512-token batch of each prompt: 6.2-7.9 GB/s
+on the H200 host (Q4_K_M with 10 of 32 layers on the CPU, 1 and 8 prompts at once; pageable host memory).
+A V100's PCIe 3.0 x16 carries at most 12-13 GB/s; unmeasured there."""
 PROMPT_TOKENS = 512
 """The 'typical prompt' of the TTFT prediction."""
 
@@ -150,6 +168,47 @@ class Workload:
     host_params: float = 0.0
     tp: int = 1
     host_threads: int = 8
+    prefill_ceiling_flops: float | None = None
+
+
+class PredictionInputs(BaseModel):
+    """What a prediction was computed from, kept so that it can be explained and recomputed for another load:
+    the GPU's table row (None: on the CPU) and the decode step's reads, arithmetic and measured costs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: GPUSpec | None
+    workload: Workload
+    request_overhead_s: float = REQUEST_OVERHEAD_S
+
+    def explain(self) -> str:
+        """The inputs in one line: the GPU's row, what a step reads and costs, the prefill rate."""
+        w, parts = self.workload, []
+        if self.gpu is not None:
+            parts.append(
+                f"{self.gpu.name} {self.gpu.bandwidth_bytes_s / 1e9:,.0f} GB/s, {self.gpu.fp16_tflops:g} TFLOPS FP16"
+            )
+            parts.append(
+                f"a step reads {w.gpu_weight_bytes / 1e9:.2f} GB of weights"
+                + (f" per GPU (tp {w.tp})" if w.tp > 1 else "")
+                + f" + {w.gpu_kv_bytes_per_token / 2**10:,.0f} KiB of KV per session token"
+            )
+        if w.host_weight_bytes:
+            parts.append(
+                f"{w.host_weight_bytes / 1e9:.2f} GB + {w.host_kv_bytes_per_token / 2**10:,.0f} KiB/token on the "
+                f"CPU ({w.host_threads} threads)"
+            )
+        parts.append(
+            f"step cost {w.step.fixed_s * 1e3:.2f} ms + {w.step.per_session_s * 1e3:.2f} ms per further session"
+        )
+        if self.gpu is not None:
+            flops = self.gpu.fp16_tflops * 1e12 * PREFILL_MFU[w.engine]
+            if w.prefill_ceiling_flops is not None and w.prefill_ceiling_flops < flops:
+                parts.append(f"prefill at {w.prefill_ceiling_flops / 1e12:.0f} TFLOPS (the quant's measured ceiling)")
+            else:
+                parts.append(f"prefill at {flops / 1e12:.0f} TFLOPS ({PREFILL_MFU[w.engine]:.2f} of FP16)")
+        parts.append(f"{self.request_overhead_s * 1e3:.1f} ms request overhead")
+        return "; ".join(parts)
 
 
 class Prediction(BaseModel):
@@ -167,7 +226,9 @@ class Prediction(BaseModel):
     capacity_tok_s: float
     prefill_tok_s: float
     ttft_s: float
+    ttft_burst_s: float
     notes: tuple[str, ...] = ()
+    inputs: PredictionInputs
 
     def score(self, objective: Objective) -> float:
         """throughput: tokens/s in total with every session it can hold decoding; latency: one stream's."""
@@ -182,8 +243,20 @@ class Prediction(BaseModel):
             )
         if self.capacity_sessions > self.sessions:
             parts.append(f"up to {self.capacity_sessions} streams {self.capacity_tok_s:,.0f} tok/s in total")
-        parts.append(f"prefill {self.prefill_tok_s:,.0f} tok/s, TTFT {self.ttft_s:.2f} s for {PROMPT_TOKENS} tokens")
+        ttft = f"prefill {self.prefill_tok_s:,.0f} tok/s, TTFT {self.ttft_s:.2f} s for {PROMPT_TOKENS} tokens"
+        if self.sessions > 1:
+            ttft += f" ({self.ttft_burst_s:.2f} s for the last of {self.sessions} arriving at once)"
+        parts.append(ttft)
         return "; ".join(parts)
+
+    def per_stream_at(self, sessions: int, context: int) -> float:
+        """Decode tokens/s of each of `sessions` streams whose sessions are `context` tokens long."""
+        return 1 / step_seconds(self.inputs.workload, self.inputs.gpu, max(1, sessions), context)
+
+    def ttft_at(self, prompt_tokens: int, *, ahead: int = 0) -> float:
+        """Seconds to the first token of a prompt of `prompt_tokens` with `ahead` prompts as long before it."""
+        prefill = prefill_seconds(self.inputs.workload, self.inputs.gpu, prompt_tokens)
+        return self.inputs.request_overhead_s + (ahead + 1) * prefill
 
 
 def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: int, context: int) -> float:
@@ -208,6 +281,8 @@ def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
         params = work.gpu_params + work.host_params
         return batches * work.step.fixed_s + 2 * params * tokens / (work.host_threads * CPU_PREFILL_FLOPS_PER_THREAD)
     flops = gpu.fp16_tflops * 1e12 * PREFILL_MFU[work.engine]
+    if work.prefill_ceiling_flops is not None:
+        flops = min(flops, work.prefill_ceiling_flops)
     seconds = batches * (work.step.fixed_s + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1))
     seconds += 2 * (work.gpu_params + work.host_params) * tokens / flops  # CPU layers' matmuls run on the GPU
     return seconds + batches * work.host_weight_bytes / PCIE_BANDWIDTH
@@ -240,16 +315,21 @@ def predict(work: Workload, gpu: GPUSpec | None, *, context: int, sessions: int,
         capacity_sessions=capacity,
         capacity_tok_s=round(most, 1),
         prefill_tok_s=round(PROMPT_TOKENS / prefill, 1),
-        ttft_s=round(prefill + 1 / one, 3),
+        ttft_s=round(REQUEST_OVERHEAD_S + prefill, 3),
+        ttft_burst_s=round(REQUEST_OVERHEAD_S + sessions * prefill, 3),
         notes=tuple(notes),
+        inputs=PredictionInputs(gpu=gpu, workload=work),
     )
 
 
-def _llamacpp_step(quant: str | None) -> StepCost:
+def _llamacpp_step(quant: str | None) -> tuple[StepCost, float | None]:
+    """The measured step cost of a llama.cpp quant, and its prefill ceiling (None: FP16 tensor cores)."""
     label = (quant or "").upper()
     if label in ("F16", "BF16", "F32"):
-        return STEP_COSTS["llamacpp-f16"]
-    return STEP_COSTS["llamacpp-q8_0" if label == "Q8_0" else "llamacpp-quant"]
+        return STEP_COSTS["llamacpp-f16"], None
+    if label == "Q8_0":
+        return STEP_COSTS["llamacpp-q8_0"], QUANT_PREFILL_CEILING_FLOPS["Q8_0"]
+    return STEP_COSTS["llamacpp-quant"], QUANT_PREFILL_CEILING_FLOPS["quant"]
 
 
 def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int = 8) -> Workload:
@@ -271,9 +351,10 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
     kv = [shape.layer_kv_bytes_per_token(layer, element) for layer in range(n)]
     gpu_read = sum(source.layer_bytes[first:]) + (head if full else 0) if first < n else 0
     host_read = sum(source.layer_bytes[:first]) + (0 if full else head)
+    step, ceiling = _llamacpp_step(plan.quant) if gpu_read else (STEP_COSTS["llamacpp-cpu"], None)
     return Workload(
         "llamacpp",
-        _llamacpp_step(plan.quant) if gpu_read else STEP_COSTS["llamacpp-cpu"],
+        step,
         n,
         gpu_weight_bytes=gpu_read,
         gpu_kv_bytes_per_token=sum(kv[first:]) if gpu_read else 0,
@@ -282,6 +363,7 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         host_kv_bytes_per_token=sum(kv[:first]),
         host_params=host_read * params_per_byte,
         host_threads=plan.llamacpp.n_threads or host_threads,
+        prefill_ceiling_flops=ceiling,
     )
 
 

@@ -144,6 +144,8 @@ def _speed(prediction: Prediction | None) -> str:
     if prediction.capacity_sessions > prediction.sessions:
         lines.append(f"{prediction.capacity_sessions} streams: {prediction.capacity_tok_s:,.0f}")
     lines.append(f"TTFT {prediction.ttft_s:.2f} s")
+    if prediction.sessions > 1:
+        lines.append(f"{prediction.sessions} at once: {prediction.ttft_burst_s:.2f} s")
     return "\n".join(lines)
 
 
@@ -181,6 +183,7 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
             console.print(Text(f"  - {note}"))
         if d.prediction is not None:
             console.print(Text(f"  = predicted ({d.prediction.gpu}): {d.prediction.describe()}"))
+            console.print(Text(f"    from: {d.prediction.inputs.explain()}", style="dim"))
             for note in d.prediction.notes:
                 console.print(Text(f"    ({note})", style="dim"))
         for alt in d.alternatives:

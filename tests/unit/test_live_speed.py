@@ -19,12 +19,17 @@ from gateway.live_speed import (
     summarize,
 )
 from gateway.metrics import Metrics
-from gateway.placement.performance import Prediction
+from gateway.placement.performance import CPU_PREFILL_FLOPS_PER_THREAD, Prediction, PredictionInputs, StepCost, Workload
 
 # One stream 100 tok/s (10 ms a step); 4 sessions 50 tok/s each (20 ms); 8 sessions 25 tok/s each (40 ms).
+# Its inputs prefill 1,000 tok/s (one CPU thread, no step cost) after a 10 ms request overhead.
+PREFILL_1000 = Workload(
+    "llamacpp", StepCost(0, 0, 0), 1, host_params=CPU_PREFILL_FLOPS_PER_THREAD / 2e3, host_threads=1
+)
 PREDICTION = Prediction(
     gpu="V100 SXM2", context_tokens=4096, decode_tok_s_1=100.0, sessions=4, decode_tok_s_per_stream=50.0,
     aggregate_tok_s=200.0, capacity_sessions=8, capacity_tok_s=200.0, prefill_tok_s=1000.0, ttft_s=0.522,
+    ttft_burst_s=2.058, inputs=PredictionInputs(gpu=None, workload=PREFILL_1000, request_overhead_s=0.01),
 )  # fmt: skip
 
 
@@ -203,7 +208,7 @@ def test_the_ttft_prediction_leaves_out_prompt_tokens_served_from_the_prefix_cac
     assert sample is not None and sample.cached_tokens == 400
     summary = live.summary("m")
     assert summary["mean_cached_prompt_tokens"] == 400.0
-    # 100 tokens to prefill at 1,000 tok/s, then one 10 ms step: 0.11 s predicted, 0.11 s measured
+    # 10 ms overhead, then 100 tokens to prefill at 1,000 tok/s: 0.11 s predicted, 0.11 s measured
     assert summary["ratio_to_predicted"]["ttft"] == pytest.approx(1.0)
 
 
