@@ -79,8 +79,8 @@ def choose_victims(
 
 def eviction_reason(victim: Tenant, tenant: Tenant) -> str:
     """Why `victim` is unloaded, for the log: how idle it was, what it takes and what `tenant` needs."""
-    if victim.holds:
-        use = f"{victim.holds} request(s) in flight"
+    if victim.holds:  # logged once they are drained: the model is unloaded only after they finish
+        use = f"busy with {victim.holds} request(s), unloaded after they finished"
     elif victim.last_used is not None:
         use = f"idle {time.monotonic() - victim.last_used:.0f} s"
     else:

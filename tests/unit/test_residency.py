@@ -162,7 +162,8 @@ async def test_eviction_never_picks_a_model_with_requests_in_flight() -> None:
     in_flight.release()
 
 
-async def test_a_busy_model_is_drained_before_it_is_unloaded() -> None:
+async def test_a_busy_model_is_drained_before_it_is_unloaded(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="voltgate.residency")
     h = Harness({m: (ON_DEMAND, 100 * MB) for m in "ab"}, 150 * MB)
     in_flight = await h.hold("a")
     loading_b = asyncio.ensure_future(h.hold("b"))
@@ -176,6 +177,8 @@ async def test_a_busy_model_is_drained_before_it_is_unloaded() -> None:
     in_flight.release()
     hold_b = await loading_b
     assert h.workers["a"].stopped_at[0] >= released_at  # stopped only once its request finished
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("unloading a"))
+    assert "busy with 1 request(s), unloaded after they finished" in line  # logged after the drain, and says so
     assert h.workers["b"].starts == 1 and h.workers["b"].stops == 0
     assert h.state("b") is ModelState.DRAINING  # a's waiter already wants the memory back: b drains
     hold_b.release()
