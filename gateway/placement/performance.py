@@ -96,10 +96,15 @@ HOST_BANDWIDTH = 32e9
 """Host memory read by llama.cpp's CPU layers: 32 GB/s on the H200 host, 8 threads (Q4_K_M with 10 of 32
 layers on the CPU, one stream: 45 ms a step, 41.5 of them on the CPU for 1.34 GB; bench/results/
 2026-12-01-gpu-h200-session5/pvm). The session-4 value of 50 GB/s was an assumption."""
-CPU_DECODE_FLOPS_PER_THREAD = 41e9
+CPU_DECODE_FLOPS_PER_THREAD = 22.7e9
+"""One llama.cpp thread's matmul rate in a decode step: the H200 host, Q4_K_M with 10 of 32 layers on the
+CPU, 8 threads, 8 streams: 195 ms a step on the CPU for 35.5 GFLOP (bench/results/2026-12-01-gpu-h200-session5,
+both prompt lengths). The session-4 value, 41e9, came from SmolLM2-135M Q4_1 at one stream on the 2026-11-29 CI
+VM (153 tok/s), where the step is not compute-bound; it predicted 142 tok/s for SmolLM2 on the 2026-12-01 CI VM,
+which served 61 (bench/results/2026-12-01-cpu/live-speed.json); this value predicts 81."""
 CPU_PREFILL_FLOPS_PER_THREAD = 68e9
-"""One llama.cpp thread, SmolLM2-135M Q4_1: 153 tok/s decode, 64-token prompts in 255 ms
-(bench/results/2026-11-29-cpu/batching.json)."""
+"""One llama.cpp thread, SmolLM2-135M Q4_1: 64-token prompts in 255 ms (bench/results/2026-11-29-cpu/
+batching.json)."""
 PCIE_BANDWIDTH = 7e9
 """llama.cpp prefill copies CPU-resident weights to the GPU per 512-token batch of each prompt: 6.2-7.9 GB/s
 on the H200 host (Q4_K_M with 10 of 32 layers on the CPU, 1 and 8 prompts at once; pageable host memory).
@@ -121,7 +126,7 @@ class StepCost:
     per_session_s: float
     per_session_beyond_knee_s: float
 
-    def seconds(self, sessions: int) -> float:
+    def seconds(self, sessions: float) -> float:
         extra, knee = sessions - 1, BATCH_KNEE - 1
         beyond = max(0, extra - knee) * self.per_session_beyond_knee_s
         return self.fixed_s + min(extra, knee) * self.per_session_s + beyond
@@ -249,9 +254,9 @@ class Prediction(BaseModel):
         parts.append(ttft)
         return "; ".join(parts)
 
-    def per_stream_at(self, sessions: int, context: int) -> float:
-        """Decode tokens/s of each of `sessions` streams whose sessions are `context` tokens long."""
-        return 1 / step_seconds(self.inputs.workload, self.inputs.gpu, max(1, sessions), context)
+    def per_stream_at(self, sessions: float, context: int) -> float:
+        """Decode tokens/s of each of `sessions` streams (a mean may be fractional) of `context` tokens each."""
+        return 1 / step_seconds(self.inputs.workload, self.inputs.gpu, max(1.0, sessions), context)
 
     def ttft_at(self, prompt_tokens: int, *, ahead: int = 0) -> float:
         """Seconds to the first token of a prompt of `prompt_tokens` with `ahead` prompts as long before it."""
@@ -259,7 +264,7 @@ class Prediction(BaseModel):
         return self.inputs.request_overhead_s + (ahead + 1) * prefill
 
 
-def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: int, context: int) -> float:
+def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: int) -> float:
     """One decode step with `sessions` sessions at `context` tokens each."""
     step = work.step.seconds(sessions)
     if gpu is not None and work.gpu_weight_bytes:

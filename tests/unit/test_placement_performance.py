@@ -104,46 +104,50 @@ def within_25pct(measured: float, predicted: float) -> bool:
     return abs(measured / predicted - 1) <= 0.25
 
 
-def pvm_rows(scenario: str) -> tuple[list[dict[str, Any]], int]:
+VALIDATION = "2026-12-01-gpu-h200-session5/validation"
+"""Call 3 of session 5: every scenario again with ~450-token prompts, run after the calibration above."""
+
+
+def pvm_rows(scenario: str, folder: str | None = None) -> tuple[list[dict[str, Any]], int]:
     """The measured rows of one predict-vs-measure scenario, and its output tokens per request."""
-    folder = RESULTS.parent / PVM[scenario][0] / "pvm" / "predict_vs_measure.json"
-    data = json.loads(folder.read_text())
+    path = RESULTS.parent / (folder or PVM[scenario][0]) / "pvm" / "predict_vs_measure.json"
+    data = json.loads(path.read_text())
     found = next(s for s in data["scenarios"] if s["name"] == scenario and s.get("rows"))
     return found["rows"], int(found["output_tokens"])
 
 
 @pytest.mark.parametrize("scenario", list(PVM))
-def test_ttft_of_prompts_arriving_together_on_the_h200_is_reproduced(
+def test_ttft_on_the_h200_is_reproduced_alone_and_bounded_by_the_burst(
     sources: dict[str, SourceInfo], scenario: str
 ) -> None:
-    """Closed-loop levels of 1, 8 (and 32) streams with equal outputs: each wave's prompts arrive together, so
-    a request's p50 TTFT is about the overhead plus all the wave's prefills."""
+    """One stream: TTFT = overhead + the prompt's prefill, at both prompt lengths measured (~227 tokens, and ~450
+    in the validation run). More streams: the closed loop's first wave sends its prompts together and later
+    requests arrive spread out, so the p50 lies between the idle TTFT and the burst (all the wave's prefills)."""
     _, quant, layers = PVM[scenario]
-    rows, _ = pvm_rows(scenario)
     work = workload_for(plan_for(sources[quant], n_gpu_layers=layers), sources[quant])
     prediction = predict(work, H200, context=1024, sessions=1, capacity=1)
-    for row in rows:
-        predicted = prediction.ttft_at(round(row["prompt_tokens_mean"]), ahead=row["level"] - 1)
-        assert within_25pct(row["ttft_ms"]["measured"], predicted * 1e3), row["level"]
+    for row in pvm_rows(scenario)[0] + pvm_rows(scenario, VALIDATION)[0]:
+        prompt, measured = round(row["prompt_tokens_mean"]), row["ttft_ms"]["measured"] / 1e3
+        if row["level"] == 1:
+            assert within_25pct(measured, prediction.ttft_at(prompt)), row
+        else:
+            assert prediction.ttft_at(prompt) < measured <= 1.25 * prediction.ttft_at(prompt, ahead=row["level"] - 1)
 
 
 @pytest.mark.parametrize("scenario", list(PVM))
 def test_decode_at_the_loads_own_context_on_the_h200_is_reproduced(
     sources: dict[str, SourceInfo], scenario: str
 ) -> None:
-    """Per-stream decode at each level, with sessions as long as the load's (prompt + half the output). The one
-    known miss: partial offload at 8 streams, where this host's CPU computes the 10 CPU layers' batched
-    matmuls slower than CPU_DECODE_FLOPS_PER_THREAD (from the CI VM) says (README of session 5)."""
+    """Per-stream decode at each level, with sessions as long as the load's (prompt + half the output), in the
+    calibration run and in the validation run."""
     _, quant, layers = PVM[scenario]
-    rows, output_tokens = pvm_rows(scenario)
     work = workload_for(plan_for(sources[quant], n_gpu_layers=layers), sources[quant])
     prediction = predict(work, H200, context=1024, sessions=1, capacity=1)
-    for row in rows:
-        if layers > 0 and row["level"] > 1:
-            continue
-        context = round(row["prompt_tokens_mean"]) + output_tokens // 2
-        predicted = prediction.per_stream_at(row["level"], context)
-        assert within_25pct(row["per_stream_tok_s"]["measured"], predicted), row["level"]
+    for rows, output_tokens in (pvm_rows(scenario), pvm_rows(scenario, VALIDATION)):
+        for row in rows:
+            context = round(row["prompt_tokens_mean"]) + output_tokens // 2
+            predicted = prediction.per_stream_at(row["level"], context)
+            assert within_25pct(row["per_stream_tok_s"]["measured"], predicted), row
 
 
 def test_a_prediction_read_back_from_json_recomputes_its_own_numbers(sources: dict[str, SourceInfo]) -> None:
