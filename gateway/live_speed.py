@@ -17,15 +17,14 @@ requests (status 200, usage known; refused, failed and abandoned ones are not sa
   the worker, itself included (`n` choices count n); "alone" when no other stream was in flight at any moment.
 
 Ratios to the plan's `Prediction` (measured / predicted; null without a prediction or without samples):
-- `decode_single`: p50 of the decode speed of requests that ran alone / `decode_tok_s_1`;
-- `decode_per_stream`: p50 over requests of decode speed / the prediction at that request's concurrency,
-  interpolated linearly in step time (1 / tok/s) between the plan's points (1, `sessions`,
-  `capacity_sessions`), clamped to them;
+- `decode_single`: p50 over requests that ran alone of decode speed / `Prediction.per_stream_at(1, length)`;
+- `decode_per_stream`: p50 over requests of decode speed / `Prediction.per_stream_at(concurrency, length)` at
+  that request's own concurrency; `length` is the request's mean session length while it decoded (prompt
+  tokens + half its generated tokens per stream), so the ratio sets the request against the plan's formula for
+  that very request, not against the plan's full-context promise;
 - `ttft`: p50 over requests that ran alone of TTFT / `Prediction.ttft_at(prompt tokens)` (the request overhead
   plus that prompt's prefill, by the plan's own inputs), less the tokens its engine served from its prefix
   cache (`prompt_tokens_details.cached_tokens`, when the engine reports it).
-The prediction reads every session's KV cache at the full configured context, so short requests measure
-faster than predicted (ratios above 1).
 
 Concurrency: every method runs on the gateway's one event loop and none awaits, so no lock is needed.
 """
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import math
 import time
 from collections import deque
@@ -69,6 +67,7 @@ class Sample:
     finished_at: float
     streamed: bool = False
     cached_tokens: int = 0  # of the prompt, served from the engine's prefix cache
+    generated_tokens: float = 0.0  # per stream
     ttft_s: float | None = None
     decode_tok_s: float | None = None
     unary_tok_s: float | None = None
@@ -140,7 +139,8 @@ class LiveSpeed:
         concurrency = (state.area - flight.area_at_start) / span if span > 0 else float(flight.streams)
         per_stream = tokens[1] / flight.streams
         cached = min(cached_tokens, tokens[0])
-        sample = Sample(tokens[0], concurrency, flight.alone, finished_at=now, streamed=streamed, cached_tokens=cached)
+        sample = Sample(tokens[0], concurrency, flight.alone, finished_at=now, streamed=streamed, cached_tokens=cached,
+                        generated_tokens=per_stream)  # fmt: skip
         if first_content_at is not None:
             sample = _timed(sample, first_content_at - flight.started, per_stream, first_content_at, last_chunk_at)
         elif not streamed and span > 0 and per_stream > 0:
@@ -226,39 +226,21 @@ def summarize(samples: Sequence[Sample], prediction: Prediction | None, *, now: 
 
 def ratios(samples: Sequence[Sample], prediction: Prediction) -> dict[str, float | None]:
     """Measured / predicted: decode alone, decode at each request's concurrency, TTFT alone (module docstring)."""
-    single = percentile([s.decode_tok_s for s in samples if s.decode_tok_s is not None and s.alone], 50)
-    per_stream, ttft = [], []
+    single, per_stream, ttft = [], [], []
     for s in samples:
-        if s.decode_tok_s is not None and (rate := predicted_per_stream(prediction, s.concurrency)) is not None:
-            per_stream.append(s.decode_tok_s / rate)
+        if s.decode_tok_s is not None:
+            length = s.prompt_tokens + int(s.generated_tokens // 2)
+            per_stream.append(s.decode_tok_s / prediction.per_stream_at(s.concurrency, length))
+            if s.alone:
+                single.append(s.decode_tok_s / prediction.per_stream_at(1, length))
         prefilled = s.prompt_tokens - s.cached_tokens
         if s.ttft_s is not None and s.alone and (seconds := predicted_ttft(prediction, prefilled)) is not None:
             ttft.append(s.ttft_s / seconds)
-    one = prediction.decode_tok_s_1
     return {
-        "decode_single": _round(single / one, 3) if single is not None and one > 0 else None,
+        "decode_single": _round(percentile(single, 50), 3),
         "decode_per_stream": _round(percentile(per_stream, 50), 3),
         "ttft": _round(percentile(ttft, 50), 3),
     }
-
-
-def predicted_per_stream(prediction: Prediction, streams: float) -> float | None:
-    """The plan's per-stream decode tokens/s at `streams` streams: its step time (1 / tok/s) interpolated
-    linearly between its points (1, `sessions`, `capacity_sessions`), clamped to the first and last."""
-    rates = {1: prediction.decode_tok_s_1}
-    rates.setdefault(prediction.sessions, prediction.decode_tok_s_per_stream)
-    if prediction.capacity_sessions > 0:
-        rates.setdefault(prediction.capacity_sessions, prediction.capacity_tok_s / prediction.capacity_sessions)
-    points = sorted((n, 1 / rate) for n, rate in rates.items() if rate > 0)
-    if not points:
-        return None
-    at = min(max(streams, points[0][0]), points[-1][0])
-    step = points[-1][1]
-    for (n0, s0), (n1, s1) in itertools.pairwise(points):
-        if n0 <= at <= n1:
-            step = s0 + (s1 - s0) * (at - n0) / (n1 - n0)
-            break
-    return 1 / step
 
 
 def predicted_ttft(prediction: Prediction, prompt_tokens: int) -> float | None:

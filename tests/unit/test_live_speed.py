@@ -13,23 +13,30 @@ from gateway.live_speed import (
     LiveSpeed,
     Sample,
     placement_with_measured,
-    predicted_per_stream,
     predicted_ttft,
     predictions_from_placement,
     summarize,
 )
 from gateway.metrics import Metrics
-from gateway.placement.performance import CPU_PREFILL_FLOPS_PER_THREAD, Prediction, PredictionInputs, StepCost, Workload
+from gateway.placement.performance import (
+    COPY_EFFICIENCY,
+    CPU_PREFILL_FLOPS_PER_THREAD,
+    GPUSpec,
+    Prediction,
+    PredictionInputs,
+    StepCost,
+    Workload,
+)
 
-# One stream 100 tok/s (10 ms a step); 4 sessions 50 tok/s each (20 ms); 8 sessions 25 tok/s each (40 ms).
-# Its inputs prefill 1,000 tok/s (one CPU thread, no step cost) after a 10 ms request overhead.
-PREFILL_1000 = Workload(
-    "llamacpp", StepCost(0, 0, 0), 1, host_params=CPU_PREFILL_FLOPS_PER_THREAD / 2e3, host_threads=1
+# One stream 100 tok/s (10 ms a step, 5 ms more per further stream: 4 streams 40 tok/s each, 8 streams 22.2);
+# prefill 1,000 tok/s after a 10 ms step, no request overhead (one CPU thread: context does not change a step).
+STEPS = Workload(
+    "llamacpp", StepCost(0.01, 0.005, 0.005), 1, host_params=CPU_PREFILL_FLOPS_PER_THREAD / 2e3, host_threads=1
 )
 PREDICTION = Prediction(
-    gpu="V100 SXM2", context_tokens=4096, decode_tok_s_1=100.0, sessions=4, decode_tok_s_per_stream=50.0,
-    aggregate_tok_s=200.0, capacity_sessions=8, capacity_tok_s=200.0, prefill_tok_s=1000.0, ttft_s=0.522,
-    ttft_burst_s=2.058, inputs=PredictionInputs(gpu=None, workload=PREFILL_1000, request_overhead_s=0.01),
+    gpu="CPU, 1 thread", context_tokens=4096, decode_tok_s_1=100.0, sessions=4, decode_tok_s_per_stream=40.0,
+    aggregate_tok_s=160.0, capacity_sessions=8, capacity_tok_s=177.8, prefill_tok_s=961.5, ttft_s=0.522,
+    ttft_burst_s=2.088, inputs=PredictionInputs(gpu=None, workload=STEPS, request_overhead_s=0.0),
 )  # fmt: skip
 
 
@@ -167,15 +174,17 @@ def test_an_empty_window_is_nulls_and_valid_json() -> None:
     assert live.medians() == {}
 
 
-def test_predicted_per_stream_interpolates_step_time_between_the_plans_points_and_clamps() -> None:
-    assert predicted_per_stream(PREDICTION, 1) == pytest.approx(100.0)
-    assert predicted_per_stream(PREDICTION, 2.5) == pytest.approx(1 / 0.015)  # halfway from 10 ms to 20 ms
-    assert predicted_per_stream(PREDICTION, 4) == pytest.approx(50.0)
-    assert predicted_per_stream(PREDICTION, 6) == pytest.approx(1 / 0.030)  # halfway from 20 ms to 40 ms
-    assert predicted_per_stream(PREDICTION, 0.5) == pytest.approx(100.0)
-    assert predicted_per_stream(PREDICTION, 64) == pytest.approx(25.0)
-    one_session = PREDICTION.model_copy(update={"sessions": 1, "capacity_sessions": 1, "capacity_tok_s": 100.0})
-    assert predicted_per_stream(one_session, 3) == pytest.approx(100.0)
+def test_decode_ratios_use_the_plans_formula_at_each_requests_own_length_and_concurrency() -> None:
+    """A GPU step that only reads memory: 1 GB of weights + 1 MB per token of every session, at 1,000 GB/s of
+    copy bandwidth. A request of 1,000 prompt tokens that generated 400 decoded at a mean length of 1,200."""
+    reads = Workload("llamacpp", StepCost(0, 0, 0), 1, gpu_weight_bytes=1e9, gpu_kv_bytes_per_token=1e6, gpu_params=1)
+    gpu = GPUSpec("test", 1e12 / COPY_EFFICIENCY, 1e9)
+    prediction = PREDICTION.model_copy(update={"inputs": PredictionInputs(gpu=gpu, workload=reads)})
+    alone = Sample(1000, 1.0, True, 0.0, streamed=True, ttft_s=0.1, decode_tok_s=400.0, generated_tokens=400)
+    pair = Sample(1000, 2.0, False, 0.0, streamed=True, ttft_s=0.1, decode_tok_s=250.0, generated_tokens=400)
+    ratios = summarize([alone, pair], prediction, now=1.0, window=200)["ratio_to_predicted"]
+    assert ratios["decode_single"] == pytest.approx(400 / (1 / 2.2e-3))  # (1 GB + 1,200 MB) / 1,000 GB/s
+    assert ratios["decode_per_stream"] == pytest.approx((0.88 + 250 / (1 / 3.4e-3)) / 2)  # 2 sessions: 3.4 ms
 
 
 def test_ratios_set_measurements_against_the_prediction() -> None:
@@ -188,8 +197,8 @@ def test_ratios_set_measurements_against_the_prediction() -> None:
     summary = summarize(samples, PREDICTION, now=1.0, window=200)
     ratios = summary["ratio_to_predicted"]
     assert ratios["decode_single"] == pytest.approx(0.8)  # 80 measured alone against 100
-    # per request: 80 / 100 alone, 50 / 66.7 at 2.5 streams; p50 of 0.8 and 0.75
-    assert ratios["decode_per_stream"] == pytest.approx((0.8 + 0.75) / 2, abs=1e-3)
+    # per request: 80 / 100 alone, 50 / 57.1 at 2.5 streams (17.5 ms a step); p50 of 0.8 and 0.875
+    assert ratios["decode_per_stream"] == pytest.approx((0.8 + 0.875) / 2, abs=1e-3)
     assert ratios["ttft"] == pytest.approx(2.0)  # only the request that ran alone: 0.82 against 0.41
     assert summary["decode_tok_s_per_stream"] == {"n": 2, "p50": 65.0, "mean": 65.0}
     assert summary["decode_tok_s_single_stream"] == {"n": 1, "p50": 80.0, "mean": 80.0}
@@ -208,7 +217,7 @@ def test_the_ttft_prediction_leaves_out_prompt_tokens_served_from_the_prefix_cac
     assert sample is not None and sample.cached_tokens == 400
     summary = live.summary("m")
     assert summary["mean_cached_prompt_tokens"] == 400.0
-    # 10 ms overhead, then 100 tokens to prefill at 1,000 tok/s: 0.11 s predicted, 0.11 s measured
+    # a 10 ms step, then 100 tokens to prefill at 1,000 tok/s: 0.11 s predicted, 0.11 s measured
     assert summary["ratio_to_predicted"]["ttft"] == pytest.approx(1.0)
 
 
@@ -262,7 +271,7 @@ def test_metrics_show_the_prediction_and_the_measured_p50s() -> None:
     streamed(metrics.live, clock, start=2.0, first=2.4, last=3.4, tokens=(9, 51))
     out = gauges(metrics)
     assert out[("voltgate:predicted_decode_tokens_per_second", (("model", "m"), ("streams", "1")))] == 100.0
-    assert out[("voltgate:predicted_decode_tokens_per_second", (("model", "m"), ("streams", "4")))] == 50.0
+    assert out[("voltgate:predicted_decode_tokens_per_second", (("model", "m"), ("streams", "4")))] == 40.0
     assert out[("voltgate:predicted_ttft_seconds", (("model", "m"),))] == pytest.approx(0.522)
     assert out[("voltgate:measured_decode_tokens_per_second", (("model", "m"),))] == pytest.approx(40.0)  # 30, 50
     assert out[("voltgate:measured_ttft_seconds", (("model", "m"),))] == pytest.approx(0.3)  # 0.2, 0.4
