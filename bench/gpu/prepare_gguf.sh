@@ -9,7 +9,7 @@ source $G/env.sh
 mkdir -p $G/gguf
 B="python3 .gpu/llamacpp_bench.py --json $G/gguf/convert.jsonl --tag llamacpp-7b"
 [[ -f $G/gguf/7b-f16.gguf ]] || $B convert $G/models/7b $G/gguf/7b-f16.gguf.tmp --llama-src $G/src/llama_cpp_python-0.3.36 && mv $G/gguf/7b-f16.gguf.tmp $G/gguf/7b-f16.gguf
-for q in q8_0 q4_k_m; do
+for q in ${GGUF_QUANTS:-q8_0 q4_k_m}; do  # GGUF_QUANTS: a shorter list when time is short
   [[ -f $G/gguf/7b-$q.gguf ]] || { $B quantize $G/gguf/7b-f16.gguf $G/gguf/7b-$q.gguf.tmp $q && mv $G/gguf/7b-$q.gguf.tmp $G/gguf/7b-$q.gguf; }
 done
 echo done > $G/gguf/ready

@@ -11,9 +11,11 @@
 #                      bench.gpu.turbomind_features
 #   smoke              wait for the llama.cpp build; a tiny GGUF; bench/gpu/diag_import_order.sh (does importing
 #                      numpy first crash the load?) and our worker (generate, all layers on GPU) answering a completion
-#   gguf-wait:N        wait up to N s for the GGUF files
+#   gguf-wait:N        wait up to N s for the GGUF files (and never past GGUF_WAIT_RESERVE s, default 100, before
+#                      the end of BUDGET); GGUF_QUANTS (default "q8_0 q4_k_m"): the quants prepare_gguf.sh makes
 #   pvm:A,B,...        issue #16: bench.gpu.predict_vs_measure on those scenarios of configs/pvm-scenarios.yaml
-#                      (PVM_ARGS: more arguments for it, e.g. "--prompt-tokens 256")
+#                      (PVM_ARGS: more arguments for it, e.g. "--prompt-tokens 256"; PVM_NEED: the seconds it
+#                      needs left to start, default 90)
 #   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
 #   embed              issue #13: bge-base-shaped random BERT GGUF, bench.gpu.embeddings_gpu (all layers on GPU)
 # Everything lands in /tmp/s3/results and is packed into $OUT/results_call$CALL.tar.gz at the end.
@@ -144,7 +146,8 @@ step_smoke() {
 }
 
 step_gguf_wait() {  # $1 = seconds
-  local n=$(( ($1 < $(left) - 100 ? $1 : $(left) - 100) / 3 ))
+  local r=${GGUF_WAIT_RESERVE:-100} n
+  n=$(( ($1 < $(left) - r ? $1 : $(left) - r) / 3 ))
   for _ in $(seq 1 $n); do [[ -f $G/gguf/ready ]] && break; [[ -f $G/llama_build.rc && $(cat $G/llama_build.rc) != 0 ]] && break; sleep 3; done
   stamp "gguf ready: $([[ -f $G/gguf/ready ]] && echo yes || echo no); build rc $(cat $G/llama_build.rc 2> /dev/null || echo running)"
   ls -la $G/gguf 2> /dev/null; tail -3 $G/prepare_gguf.log 2> /dev/null
@@ -203,7 +206,7 @@ for s in "$@"; do
     features) need features 120 && step_features ;;
     smoke) need smoke 60 && step_smoke ;;
     gguf-wait:*) need "$s" 10 && step_gguf_wait "${s#gguf-wait:}" ;;
-    pvm:*) need "$s" 90 && step_pvm "${s#pvm:}" ;;
+    pvm:*) need "$s" "${PVM_NEED:-90}" && step_pvm "${s#pvm:}" ;;
     swap) need swap 170 && step_swap ;;
     embed) need embed 50 && step_embed ;;
     *) stamp "unknown step $s" ;;
