@@ -95,20 +95,23 @@ PCIe-only V100s are slower; unmeasured."""
 HOST_BANDWIDTH = 32e9
 """Host memory read by llama.cpp's CPU layers: 32 GB/s on the H200 host, 8 threads (Q4_K_M with 10 of 32
 layers on the CPU, one stream: 45 ms a step, 41.5 of them on the CPU for 1.34 GB; bench/results/
-2026-12-01-gpu-h200-session5/pvm). The session-4 value of 50 GB/s was an assumption."""
+2026-12-01-gpu-h200-session5/pvm). The session-4 value of 50 GB/s was an assumption. Out of sample, Q8_0 with
+16 layers on the CPU read at about 41 GB/s on the same host (session5/q8-partial): expect +-30 %."""
 CPU_DECODE_FLOPS_PER_THREAD = 22.7e9
 """One llama.cpp thread's matmul rate in a decode step: the H200 host, Q4_K_M with 10 of 32 layers on the
 CPU, 8 threads, 8 streams: 195 ms a step on the CPU for 35.5 GFLOP (bench/results/2026-12-01-gpu-h200-session5,
-both prompt lengths). The session-4 value, 41e9, came from SmolLM2-135M Q4_1 at one stream on the 2026-11-29 CI
-VM (153 tok/s), where the step is not compute-bound; it predicted 142 tok/s for SmolLM2 on the 2026-12-01 CI VM,
-which served 61 (bench/results/2026-12-01-cpu/live-speed.json); this value predicts 81."""
+both prompt lengths). The session-4 value, 41e9, was derived from one stream of SmolLM2-135M Q4_1 on the
+2026-11-29 CI VM (153 tok/s) as if that step were compute-bound; it predicted 142 tok/s for SmolLM2 on the
+2026-12-01 CI VM, which served 61 (bench/results/2026-12-01-cpu/live-speed.json); this value predicts 81 there,
+and it served 59.8 (bench/results/2026-12-01-cpu-session5/)."""
 CPU_PREFILL_FLOPS_PER_THREAD = 68e9
 """One llama.cpp thread, SmolLM2-135M Q4_1: 64-token prompts in 255 ms (bench/results/2026-11-29-cpu/
 batching.json)."""
 PCIE_BANDWIDTH = 7e9
 """llama.cpp prefill copies CPU-resident weights to the GPU per 512-token batch of each prompt: 6.2-7.9 GB/s
 on the H200 host (Q4_K_M with 10 of 32 layers on the CPU, 1 and 8 prompts at once; pageable host memory).
-A V100's PCIe 3.0 x16 carries at most 12-13 GB/s; unmeasured there."""
+Out of sample, Q8_0 with 16 layers on the CPU copied at about 4.8 GB/s (session5/q8-partial). A V100's PCIe 3.0
+x16 carries at most 12-13 GB/s; unmeasured there."""
 PROMPT_TOKENS = 512
 """The 'typical prompt' of the TTFT prediction."""
 
