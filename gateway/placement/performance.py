@@ -204,7 +204,7 @@ class PredictionInputs(BaseModel):
         if w.host_weight_bytes:
             parts.append(
                 f"{w.host_weight_bytes / 1e9:.2f} GB + {w.host_kv_bytes_per_token / 2**10:,.0f} KiB/token on the "
-                f"CPU ({w.host_threads} threads)"
+                f"CPU ({w.host_threads} thread{'s' if w.host_threads != 1 else ''})"
             )
         parts.append(
             f"step cost {w.step.fixed_s * 1e3:.2f} ms + {w.step.per_session_s * 1e3:.2f} ms per further session"
