@@ -25,9 +25,10 @@ The table's predicted numbers are the served plan's prediction recomputed from i
 - per stream: at the level's sessions, each as long as the load's mean prompt + half its output (the plan
   reads KV at the full configured `context`, the speed it promises for full sessions; those numbers are kept
   in each row as `plan_per_stream` and `plan_aggregate`); aggregate = per stream x sessions;
-- TTFT: the request overhead plus the prefill of every prompt of the level's wave, since a closed loop of
-  equal outputs sends each wave's prompts together (the engines batch a wave's prompts into shared steps, so
-  their first tokens come out close together, after about all of the wave's prefill).
+- TTFT: at one stream, the request overhead plus the prompt's prefill; at more, the burst bound
+  (`ttft_at(..., ahead=sessions - 1)`: the overhead plus the prefill of every prompt of a wave that arrives
+  together). Only the closed loop's first wave arrives that way; later requests come spread out and wait for
+  little more than their own prefill, so the measured p50 lies between the idle TTFT and this bound.
 Measured: per-stream decode tok/s is the mean over requests of (output tokens - 1) / (end - first token);
 aggregate is output tokens / level wall time; TTFT is the p50.
 Ratio = measured / predicted; `within_25pct` when |ratio - 1| <= 0.25.
