@@ -210,9 +210,9 @@ class PredictionInputs(BaseModel):
             f"step cost {w.step.fixed_s * 1e3:.2f} ms + {w.step.per_session_s * 1e3:.2f} ms per further session"
         )
         if self.gpu is not None:
-            flops = self.gpu.fp16_tflops * 1e12 * PREFILL_MFU[w.engine]
-            if w.prefill_ceiling_flops is not None and w.prefill_ceiling_flops < flops:
-                parts.append(f"prefill at {w.prefill_ceiling_flops / 1e12:.0f} TFLOPS (the quant's measured ceiling)")
+            flops = prefill_flops(w, self.gpu)
+            if flops == w.prefill_ceiling_flops:
+                parts.append(f"prefill at {flops / 1e12:.0f} TFLOPS (the quant's measured ceiling)")
             else:
                 parts.append(f"prefill at {flops / 1e12:.0f} TFLOPS ({PREFILL_MFU[w.engine]:.2f} of FP16)")
         parts.append(f"{self.request_overhead_s * 1e3:.1f} ms request overhead")
@@ -282,15 +282,19 @@ def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: 
     return step
 
 
+def prefill_flops(work: Workload, gpu: GPUSpec) -> float:
+    """The FLOPS a prefill reaches on `gpu`: PREFILL_MFU of its FP16 tensor cores, at most the quant's ceiling."""
+    flops = gpu.fp16_tflops * 1e12 * PREFILL_MFU[work.engine]
+    return flops if work.prefill_ceiling_flops is None else min(flops, work.prefill_ceiling_flops)
+
+
 def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
     """One prompt of `tokens` on an idle deployment (in 512-token batches)."""
     batches = math.ceil(tokens / 512)
     if gpu is None:
         params = work.gpu_params + work.host_params
         return batches * work.step.fixed_s + 2 * params * tokens / (work.host_threads * CPU_PREFILL_FLOPS_PER_THREAD)
-    flops = gpu.fp16_tflops * 1e12 * PREFILL_MFU[work.engine]
-    if work.prefill_ceiling_flops is not None:
-        flops = min(flops, work.prefill_ceiling_flops)
+    flops = prefill_flops(work, gpu)
     seconds = batches * (work.step.fixed_s + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1))
     seconds += 2 * (work.gpu_params + work.host_params) * tokens / flops  # CPU layers' matmuls run on the GPU
     return seconds + batches * work.host_weight_bytes / PCIE_BANDWIDTH
@@ -304,6 +308,7 @@ def predict(work: Workload, gpu: GPUSpec | None, *, context: int, sessions: int,
     each = 1 / step_seconds(work, gpu, sessions, context)
     most = capacity / step_seconds(work, gpu, capacity, context)
     prefill = prefill_seconds(work, gpu, PROMPT_TOKENS)
+    inputs = PredictionInputs(gpu=gpu, workload=work)
     notes = []
     if gpu is not None and not gpu.known:
         notes.append(f"GPU {gpu.name}")
@@ -323,10 +328,10 @@ def predict(work: Workload, gpu: GPUSpec | None, *, context: int, sessions: int,
         capacity_sessions=capacity,
         capacity_tok_s=round(most, 1),
         prefill_tok_s=round(PROMPT_TOKENS / prefill, 1),
-        ttft_s=round(REQUEST_OVERHEAD_S + prefill, 3),
-        ttft_burst_s=round(REQUEST_OVERHEAD_S + sessions * prefill, 3),
+        ttft_s=round(inputs.request_overhead_s + prefill, 3),
+        ttft_burst_s=round(inputs.request_overhead_s + sessions * prefill, 3),
         notes=tuple(notes),
-        inputs=PredictionInputs(gpu=gpu, workload=work),
+        inputs=inputs,
     )
 
 
