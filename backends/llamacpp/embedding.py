@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from backends.llamacpp.native import Batch, NativeError, init_backend, lib
+from backends.llamacpp.native import Batch, NativeError, lib, load_model
 
 log = logging.getLogger("voltgate.worker")
 
@@ -134,12 +134,7 @@ class EmbeddingModel:
     _batch: _PassBatch
 
     def __init__(self, path: Path, options: EmbeddingOptions) -> None:
-        init_backend()
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = options.n_gpu_layers
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise NativeError(f"failed to load model from {path}")
+        self._model = load_model(path, n_gpu_layers=options.n_gpu_layers)
         self._ctx = None
         try:
             self._init_context(options)

@@ -17,6 +17,7 @@ import llama_cpp as _llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from backends.llamacpp import cpu_features
 from backends.llamacpp.sampling import PENALTY_LAST_N, SamplingParams, logit_biases
 
 # The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
@@ -83,16 +84,39 @@ def init_backend() -> None:
         lib.llama_backend_init()
 
 
+def system_info() -> str:
+    """llama.cpp's one-line summary of the build: `CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ...`."""
+    init_backend()
+    return bytes(lib.llama_print_system_info()).decode("utf-8", "replace").strip()
+
+
+def extra_bufts_decision(setting: cpu_features.ExtraBufts | None = None) -> cpu_features.ExtraBuftsDecision:
+    """Whether weights may go to llama.cpp's extra buffer types (AMX, repack) on this host and build."""
+    chosen = cpu_features.configured_setting() if setting is None else setting
+    flags = cpu_features.host_cpu_flags()
+    return cpu_features.decide_extra_bufts(flags, cpu_features.build_features(system_info()), chosen)
+
+
+def load_model(path: Path, *, n_gpu_layers: int, decision: cpu_features.ExtraBuftsDecision | None = None) -> Any:
+    """`llama_model_load_from_file` with the host's safe buffer setting; every worker loads through here."""
+    init_backend()
+    decision = decision or extra_bufts_decision()
+    if not decision.use_extra_bufts:
+        log.info("llama.cpp extra buffer types off: %s", decision.reason)
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers
+    mparams.use_extra_bufts = decision.use_extra_bufts
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise NativeError(f"failed to load model from {path}")
+    return model
+
+
 class Model:
     """A loaded GGUF model and its one context (one KV cache, `n_seq_max` sequences)."""
 
     def __init__(self, path: Path, options: ContextOptions) -> None:
-        init_backend()
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = options.n_gpu_layers
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise NativeError(f"failed to load model from {path}")
+        self._model = load_model(path, n_gpu_layers=options.n_gpu_layers)
         self._vocab = lib.llama_model_get_vocab(self._model)
 
         max_seqs = int(lib.llama_max_parallel_sequences())
