@@ -14,7 +14,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gateway.config import Config, ConfigError, EnvOverrides, RemoteSource, env_overrides, load_config
+from gateway.config import (
+    Config,
+    ConfigError,
+    EnvOverrides,
+    RemoteSource,
+    env_overrides,
+    load_config,
+    package_resource,
+)
 
 if TYPE_CHECKING:
     from gateway.placement import Inventory
@@ -202,6 +210,44 @@ def keys_create(
     import yaml
 
     sys.stdout.write(yaml.safe_dump([entry], sort_keys=False))
+
+
+@cli.command()
+def selftest(
+    model: Annotated[Path | None, typer.Option(help="GGUF to decode (default: the embedded model)")] = None,
+) -> None:
+    """A short real decode in a child process: proves llama.cpp answers on this host (run after every install)."""
+    from backends.llamacpp.selftest import self_test
+    from gateway.doctor import EMBEDDED
+
+    try:
+        path = model or package_resource(*EMBEDDED)
+    except ConfigError as exc:
+        _config_error(str(exc))
+    outcome = self_test(path)
+    (Console() if outcome.ok else err).print(
+        f"[{'green' if outcome.ok else 'red'}]self-test:[/] {escape(outcome.message)}", highlight=False, soft_wrap=True
+    )
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@cli.command()
+def doctor(
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    selftest: Annotated[bool, typer.Option(help="run the decode self-test")] = True,
+) -> None:
+    """Check this host for everything voltgate needs (Python, llama.cpp build, CPU, GPUs, CUDA, LMDeploy,
+    models, disk, config): one row per check; exit status 1 on a blocker."""
+    from gateway.doctor import render, run_doctor
+
+    env = env_overrides()
+    report = run_doctor(config or env.config or DEFAULT_CONFIG, gpus or env.gpus, selftest=selftest)
+    sys.stdout.write(render(report, as_json) + "\n")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def main() -> None:
