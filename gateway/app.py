@@ -167,6 +167,7 @@ def _deployment(
         worker = WorkerProcess(
             plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state,
             restart=spec.load == "always",  # an on-demand model's lifecycle is gateway.residency's
+            on_crash=lambda name, cause: metrics.worker_crashes.labels(name, cause).inc(),
         )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)
     metrics.worker_restarts.labels(plan.model)  # exported as 0 from the start, so rate() and alerts work

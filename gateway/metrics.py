@@ -139,6 +139,10 @@ class Metrics:
             registry=r,
         )
         self.worker_restarts = Counter("voltgate:worker_restarts", "Worker restarts", ["model"], registry=r)
+        self.worker_crashes = Counter(
+            "voltgate:worker_crashes", "Worker exits and failed starts by cause (SIGSEGV, exit 1, timeout)",
+            ["model", "cause"], registry=r,
+        )  # fmt: skip
         self.slots_busy = Gauge("voltgate:worker_slots_busy", "Worker sequences in use", ["model"], registry=r)
         self.slots_total = Gauge("voltgate:worker_slots", "Worker sequence slots", ["model"], registry=r)
         self.kv_cells_used = Gauge("voltgate:worker_kv_cells_used", "KV-cache cells in use", ["model"], registry=r)

@@ -44,7 +44,8 @@ class RemoteEndpoint:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
-    def start(self) -> None:
+    def start(self, *, retry: bool = False) -> None:
+        del retry  # a remote endpoint is health-checked until it answers; it never gives up
         if self._task is None or self._task.done():
             self._set_state(WorkerState.STARTING)
             self._task = asyncio.create_task(self._watch(), name=f"remote:{self.name}")
@@ -56,10 +57,17 @@ class RemoteEndpoint:
             return False
         return True
 
-    async def ensure_ready(self, timeout_s: float | None = None) -> None:
-        self.start()
+    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
+        self.start(retry=retry)
         if not await self.wait_ready(timeout_s):
             raise WorkerStartError(f"endpoint {self.root_url} not answering: {self.last_error or 'no answer yet'}")
+
+    async def await_ready(self, timeout_s: float | None = None) -> None:
+        if not await self.wait_ready(timeout_s):
+            raise WorkerStartError(f"endpoint {self.root_url} not answering: {self.last_error or 'no answer yet'}")
+
+    def note_success(self) -> None:
+        """Health checks, not requests, decide a remote endpoint's state."""
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

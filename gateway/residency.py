@@ -9,7 +9,10 @@ One on-demand model's life (`ModelState`):
         └── backoff ──── FAILED   no room         (a crash while READY is FAILED too)
 
 Pinned models (`load: always`) are started at boot and never unloaded; their worker's own supervisor
-restarts them, and their state here is their worker's. They hold memory in every decision.
+restarts them, and their state here is their worker's. They hold memory in every decision. A request for a
+pinned model that is still booting (or being restarted) waits for it like a request for an on-demand model
+waits for its load, bounded by the same `load_wait_s`, with the same SSE keep-alives: restarting the gateway
+fails no client. Only a worker that gave up after a crash loop, or one shutting down, answers 503 at once.
 
 Contracts (callers never read a state to decide; every decision is made here):
 * `ensure_loaded(deployment)` returns a `Hold` once the model is READY: at once when it is, otherwise it
@@ -124,18 +127,23 @@ class Residency:
 
     # -- requests ---------------------------------------------------------------------------------------
     def check(self, deployment: Deployment) -> None:
-        """Fail fast, before a request is admitted: a pinned model's worker answers (503 while it starts or
-        restarts); an on-demand model's remembered failed load is returned at once until its backoff ends."""
+        """Fail fast, before a request is admitted: an on-demand model's remembered failed load is returned at
+        once until its backoff ends. (A pinned model that is starting is waited for in `ensure_loaded`.)"""
         entry = self._entry(deployment)
-        if entry.pinned:
-            deployment.worker.base_url()
-        else:
+        if not entry.pinned:
             self._raise_if_failed(entry)
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
-        """A hold at once when the model is served now (pinned, or READY); None when it must be loaded."""
+        """A hold at once when the model is served now (a pinned worker READY, or an on-demand model
+        READY); None when it must be loaded or its worker is still starting."""
         entry = self._entry(deployment)
-        if entry.pinned or entry.state is ModelState.READY:
+        if entry.pinned:
+            try:
+                deployment.worker.base_url()  # the worker's state machine decides whether it serves now
+            except GatewayError:
+                return None
+            return self._grant(entry)
+        if entry.state is ModelState.READY:
             return self._grant(entry)
         return None
 
@@ -148,6 +156,8 @@ class Residency:
         if hold is not None:
             return hold
         entry = self._entry(deployment)
+        if entry.pinned:
+            return await self._await_pinned(entry, wait_s)
         self._raise_if_failed(entry)
         waiter: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
         entry.pending.add(waiter)
@@ -168,13 +178,40 @@ class Residency:
             self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
         return waiter.result()
 
+    async def _await_pinned(self, entry: Resident, wait_s: float | None) -> Hold:
+        """Wait for a pinned model's worker to be READY (booting or restarting); its 503 if it cannot be."""
+        worker = entry.deployment.worker
+        started = time.monotonic()
+        try:
+            await worker.await_ready(wait_s)
+        except WorkerStartError as exc:
+            worker.base_url()  # raises the worker's own 503: gave up (the cause), restarting, shutting down
+            raise GatewayError(  # it became READY in the same instant it failed for us: ask for a retry
+                ErrorCode.WORKER_UNAVAILABLE, f"model {entry.name!r}: {exc}; retry shortly", retry_after_s=1
+            ) from None
+        finally:
+            self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
+        return self._grant(entry)
+
     def progress(self, deployment: Deployment) -> Progress:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
-        return self._entry(deployment).progress_now()
+        entry = self._entry(deployment)
+        if entry.pinned:
+            worker = entry.deployment.worker
+            phase = "its worker is starting" if worker.restarts == 0 else "its worker is restarting"
+            return Progress(entry.name, phase, time.monotonic() - entry.phase_started)
+        return entry.progress_now()
 
     def state(self, deployment: Deployment) -> ModelState:
         """For display (/v1/models, /ready, /admin/models); never a precondition."""
         return self._entry(deployment).shown_state()
+
+    def failure(self, deployment: Deployment) -> str | None:
+        """Why a FAILED model is failed (for display); None for every other state."""
+        entry = self._entry(deployment)
+        if entry.shown_state() is not ModelState.FAILED:
+            return None
+        return (entry.deployment.worker.last_error if entry.pinned else entry.error) or "the worker failed"
 
     def on_worker_state(self, name: str, state: WorkerState) -> None:
         """Called on every worker state change: an on-demand worker that dies while serving frees its memory
@@ -183,7 +220,10 @@ class Residency:
         if entry is None:
             return
         self._publish(entry)
-        if entry.pinned or state is not WorkerState.FAILED:
+        if entry.pinned:
+            entry.phase_started = time.monotonic()
+            return
+        if state is not WorkerState.FAILED:
             return
         if entry.state in (ModelState.READY, ModelState.DRAINING):
             if entry.ready_at is not None and time.monotonic() - entry.ready_at >= HEALTHY_RESET_S:
@@ -196,9 +236,13 @@ class Residency:
         """Load now (an admin request): a remembered failure does not wait for its backoff."""
         entry = self._entry(deployment)
         if entry.pinned:
+            deployment.worker.start(retry=True)  # a worker that gave up after a crash loop tries again
+            hold = await self._await_pinned(entry, self._settings.startup_timeout_s)
+            hold.release()
             return
         if entry.state is ModelState.FAILED:
             entry.retry_at = None
+            entry.retry_crashed = True
         hold = await self.ensure_loaded(deployment, wait_s=self._settings.startup_timeout_s)
         hold.release()
 
@@ -307,7 +351,8 @@ class Residency:
         self._set_state(entry, ModelState.LOADING, f"starting its worker (needs {entry.memory.describe()})")
         log.info("loading %s (needs %s)", entry.name, entry.memory.describe())
         try:
-            await worker.ensure_ready(self._settings.startup_timeout_s)
+            retry, entry.retry_crashed = entry.retry_crashed, False
+            await worker.ensure_ready(self._settings.startup_timeout_s, retry=retry)
         except WorkerStartError as exc:
             await worker.stop(grace_s=2.0)
             self._metrics.model_loads.labels(entry.name, "failed").inc()

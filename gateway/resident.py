@@ -86,6 +86,7 @@ class Resident:
     error: str | None = None
     retry_at: float | None = None
     failures: int = 0
+    retry_crashed: bool = False  # an admin load: also retry a worker that gave up after a crash loop
 
     def __post_init__(self) -> None:
         self.idle.set()

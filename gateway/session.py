@@ -158,6 +158,8 @@ class RequestScope:
             self.metrics.running.labels(self.model).set(self.deployment.admission.running)
         if self.hold is not None:
             self.hold.release()
+        if status == 200 and self.admitted_at is not None:
+            self.deployment.worker.note_success()  # a request served: the crashes before it were no loop
         ctx, metrics, model = self.ctx, self.metrics, self.model
         self._measure(status == 200, tokens, stats)
         ctx.principal.done((tokens[0] + tokens[1]) if tokens else 0)

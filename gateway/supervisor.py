@@ -14,6 +14,11 @@ model that loads for minutes and dies as soon as it is up keeps backing off.
 
 With `restart=False` (models loaded on demand, whose lifecycle `gateway.residency` owns) a failed start or
 an unexpected exit leaves the worker FAILED: the next `start()` or `ensure_ready()` tries again.
+
+A crash loop is not retried forever in silence: after `crash_limit` (3) failures in a row with no
+request served between them (`note_success()`, or `healthy_reset_s` of READY, ends a streak), the worker
+gives up. It stays FAILED with the cause (the signal, e.g. SIGSEGV, and what to do), `base_url()` answers a
+503 naming it, and only an explicit `start(retry=True)` (an admin load, a config reload) tries again.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ __all__ = ["WorkerProcess", "WorkerStartError", "WorkerState", "pick_free_port"]
 
 log = logging.getLogger("voltgate.supervisor")
 
+CRASH_LIMIT = 3
+"""Failures in a row, with no request served between them, after which a worker is not restarted."""
+NATIVE_CRASH_HINT = (
+    "a native crash in the engine: run `voltgate doctor`, which runs a real decode in a child process and "
+    "checks the llama.cpp build against this CPU and GPU (docs/troubleshooting.md)"
+)
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 60.0
 HEALTHY_RESET_S = 30.0
@@ -51,6 +62,18 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def exit_cause(returncode: int | None) -> str:
+    """`SIGSEGV` for a process killed by a signal, `exit 3` for one that exited, `no exit` otherwise."""
+    if returncode is None:
+        return "no exit"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit {returncode}"
 
 
 def _set_parent_death_signal() -> None:
@@ -76,6 +99,8 @@ class WorkerProcess:
         on_state: Callable[[str, WorkerState], None] | None = None,
         healthy_reset_s: float = HEALTHY_RESET_S,
         restart: bool = True,
+        crash_limit: int = CRASH_LIMIT,
+        on_crash: Callable[[str, str], None] | None = None,
     ) -> None:
         self.name = name
         self._spec_for_port = spec_for_port
@@ -99,13 +124,26 @@ class WorkerProcess:
         self._restart = restart
         self._failures = 0  # FAILED transitions so far: how `ensure_ready` tells "this start failed"
         self._changed = asyncio.Event()  # set (and replaced) on every state change
+        self._crash_limit = crash_limit
+        self._on_crash = on_crash
+        self._streak = 0  # failures since the last request served
+        self.gave_up: str | None = None  # why the worker is no longer restarted (a crash loop)
 
     # -- public -----------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the supervision loop (first launch plus restarts) in the background."""
+    def start(self, *, retry: bool = False) -> None:
+        """Start the supervision loop (first launch plus restarts) in the background. A worker that gave up
+        after a crash loop starts again only with `retry` (an admin load, a config reload)."""
+        if retry and self.gave_up is not None:
+            self.gave_up, self._streak, self._backoff_s = None, 0, BACKOFF_INITIAL_S
+        if self.gave_up is not None:
+            return
         if self._task is None or self._task.done():
             self._stopping = False
             self._task = asyncio.create_task(self._supervise(), name=f"worker:{self.name}")
+
+    def note_success(self) -> None:
+        """A request was served: the failures before it were not a crash loop."""
+        self._streak = 0
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         try:
@@ -114,13 +152,23 @@ class WorkerProcess:
             return False
         return True
 
-    async def ensure_ready(self, timeout_s: float | None = None) -> None:
+    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
         """Start unless running, then wait for READY; raise `WorkerStartError` if this start fails (the
         supervisor may still retry it, with backoff, when `restart` is on), times out or is stopped."""
         failures = self._failures
-        self.start()
+        self.start(retry=retry)
+        await self._await(failures, timeout_s)
+
+    async def await_ready(self, timeout_s: float | None = None) -> None:
+        """Wait for READY without starting anything (a pinned model booting or restarting); raise
+        `WorkerStartError` when its next start fails, it gives up, it is stopped, or after `timeout_s`."""
+        await self._await(self._failures, timeout_s)
+
+    async def _await(self, failures: int, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self.state is not WorkerState.READY:
+            if self.gave_up is not None:
+                raise WorkerStartError(self.gave_up)
             if self._failures > failures:
                 raise WorkerStartError(self.last_error or "failed to start")
             if self._stopping:
@@ -141,6 +189,8 @@ class WorkerProcess:
         retry = 5.0
         if self._next_start_at is not None:
             retry = max(1.0, self._next_start_at - time.monotonic() + 5.0)
+        if self.gave_up is not None:
+            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is failed: {self.gave_up}")
         detail = f" (last error: {self.last_error})" if self.last_error and self.state is WorkerState.FAILED else ""
         verb = "is loading" if self.state is WorkerState.STARTING and self.restarts == 0 else "is restarting"
         if self.state is WorkerState.FAILED:
@@ -189,7 +239,8 @@ class WorkerProcess:
                 returncode = await self._proc.wait() if self._proc else -1
                 if self._stopping:
                     return
-                self.last_error = f"worker exited with code {returncode}"
+                cause = exit_cause(returncode)
+                self.last_error = f"worker exited with code {returncode}" + (f" ({cause})" if returncode < 0 else "")
                 log.error(
                     "worker %s exited unexpectedly (code %s); last log lines:\n%s",
                     self.name,
@@ -197,16 +248,18 @@ class WorkerProcess:
                     "\n".join(list(self.log_tail)[-10:]),
                 )
             except WorkerStartError as exc:
+                cause = exc.cause
                 self.last_error = str(exc)
                 log.error("worker %s failed to start: %s", self.name, exc)
             await self._terminate(grace_s=2.0)
             if self._stopping:
                 return
-            self._set_state(WorkerState.FAILED)
-            if not self._restart:
-                return
             if ready_at is not None and time.monotonic() - ready_at >= self._healthy_reset_s:
-                self._backoff_s = BACKOFF_INITIAL_S  # it served for a while: not a crash loop
+                self._backoff_s, self._streak = BACKOFF_INITIAL_S, 0  # it served for a while: not a crash loop
+            self._crashed(cause)
+            self._set_state(WorkerState.FAILED)
+            if not self._restart or self.gave_up is not None:
+                return
             delay = self._backoff_s
             self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
             self._next_start_at = time.monotonic() + delay
@@ -214,6 +267,23 @@ class WorkerProcess:
             await asyncio.sleep(delay)
             self._next_start_at = None
             self.restarts += 1
+
+    def _crashed(self, cause: str) -> None:
+        """Count a failure; at `crash_limit` in a row with no request served, give up (see the docstring)."""
+        self._streak += 1
+        if self._on_crash is not None:
+            self._on_crash(self.name, cause)
+        if self._streak < self._crash_limit:
+            return
+        native = cause.startswith("SIG") and cause not in ("SIGTERM", "SIGKILL", "SIGINT")
+        hint = NATIVE_CRASH_HINT if native else "see the worker's log lines above"
+        self.gave_up = (
+            f"the worker failed {self._streak} times in a row with no request served between ({cause}; "
+            f"last error: {self.last_error}); it is not restarted again until an admin load "
+            f"(POST /admin/models/{self.name}/load) or a config reload. Likely cause: {hint}"
+        )
+        self.last_error = self.gave_up  # what /ready, /v1/models and /v1/placement show
+        log.error("worker %s: %s", self.name, self.gave_up)
 
     async def _launch_and_wait_ready(self) -> None:
         self.port = pick_free_port(self._host)
@@ -232,7 +302,7 @@ class WorkerProcess:
                 preexec_fn=_set_parent_death_signal,
             )
         except OSError as exc:
-            raise WorkerStartError(f"cannot execute {spec.argv[0]!r}: {exc}") from exc
+            raise WorkerStartError(f"cannot execute {spec.argv[0]!r}: {exc}", "cannot execute") from exc
         self.pid = self._proc.pid
         fatal = [re.compile(p) for p in spec.fatal_log_patterns]
         fatal_hit: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -242,11 +312,17 @@ class WorkerProcess:
         while True:
             if self._proc.returncode is not None:
                 await asyncio.sleep(0.1)  # let the log relay drain the last lines
-                raise WorkerStartError(f"exited with code {self._proc.returncode} during start{self._tail()}")
+                code = self._proc.returncode
+                cause = exit_cause(code)
+                raise WorkerStartError(
+                    f"exited with code {code}{f' ({cause})' if code < 0 else ''} during start{self._tail()}", cause
+                )
             if fatal_hit.done():
-                raise WorkerStartError(f"fatal log line during start: {fatal_hit.result()!r}{self._tail()}")
+                raise WorkerStartError(
+                    f"fatal log line during start: {fatal_hit.result()!r}{self._tail()}", "fatal log line"
+                )
             if time.monotonic() > deadline:
-                raise WorkerStartError(f"not ready after {spec.startup_timeout_s:.0f} s{self._tail()}")
+                raise WorkerStartError(f"not ready after {spec.startup_timeout_s:.0f} s{self._tail()}", "timeout")
             with contextlib.suppress(httpx.HTTPError):
                 response = await self._client.get(url, timeout=2.0)
                 if response.status_code == 200:

@@ -17,6 +17,10 @@ Race semantics, as llama-swap documents its `Process`:
 * `start()` is idempotent and returns at once: the first call begins loading in the background, later
   calls (while it loads or runs) do nothing.
 * `wait_ready()` waits for READY without changing anything; a timeout is not an error, it returns False.
+* `await_ready()` waits for the outcome of a start already under way (a pinned model booting or being
+  restarted by its supervisor) without starting one: a request that arrives then waits instead of a 503.
+* `note_success()` marks a served request: a worker that crashes `crash_limit` times in a row with none
+  served between gives up (FAILED with the cause) instead of restarting forever.
 * `ensure_ready()` is llama-swap's EnsureReady: it starts the worker if it is not running and waits for
   the outcome of that start (READY, or the failure with its reason, or the timeout), deciding inside the
   state machine: READY returns at once, a start in progress is joined, a stop in progress is not (it
@@ -33,7 +37,12 @@ from typing import Protocol
 
 
 class WorkerStartError(Exception):
-    """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines."""
+    """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines
+    and `cause` what ended it (`SIGSEGV`, `exit 1`, `timeout`, `fatal log line`)."""
+
+    def __init__(self, message: str, cause: str = "start failed") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class WorkerState(StrEnum):
@@ -53,17 +62,27 @@ class Worker(Protocol):
     last_error: str | None
     pid: int | None
 
-    def start(self) -> None:
-        """Begin (or keep) serving in the background; idempotent, never blocks."""
+    def start(self, *, retry: bool = False) -> None:
+        """Begin (or keep) serving in the background; idempotent, never blocks. `retry` also restarts a
+        worker that gave up after a crash loop."""
         ...
 
     async def wait_ready(self, timeout_s: float | None = None) -> bool:
         """True once READY; False after `timeout_s`. Changes nothing."""
         ...
 
-    async def ensure_ready(self, timeout_s: float | None = None) -> None:
-        """Start if needed and wait until READY; raise `WorkerStartError` with the reason when this start
-        fails, when it is not ready within `timeout_s`, or when the worker is stopped meanwhile."""
+    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
+        """Start if needed (with `retry`, also after a crash loop) and wait until READY; raise
+        `WorkerStartError` with the reason when this start fails, when it is not ready within `timeout_s`,
+        or when the worker is stopped meanwhile."""
+        ...
+
+    async def await_ready(self, timeout_s: float | None = None) -> None:
+        """Wait until READY without starting anything; raise `WorkerStartError` like `ensure_ready`."""
+        ...
+
+    def note_success(self) -> None:
+        """A request was served through this worker (ends a crash-loop streak)."""
         ...
 
     def base_url(self) -> str:

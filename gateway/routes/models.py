@@ -40,8 +40,14 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
 
 
 def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
-    """The entry with the extension field `status`: unloaded, loading, ready, draining or failed."""
-    return {**_model(deployment).model_dump(mode="json"), "status": app.service.residency.state(deployment).value}
+    """The entry with the extension field `status` (unloaded, loading, ready, draining or failed) and, for a
+    failed model, `status_reason` (why: a crash loop names its signal)."""
+    residency = app.service.residency
+    entry = {**_model(deployment).model_dump(mode="json"), "status": residency.state(deployment).value}
+    reason = residency.failure(deployment)
+    if reason is not None:
+        entry["status_reason"] = reason
+    return entry
 
 
 def _model(deployment: Deployment) -> Model:

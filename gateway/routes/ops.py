@@ -6,8 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.deployments import Deployment
 from gateway.live_speed import placement_with_measured
-from gateway.routes.context import app_context
+from gateway.routes.context import AppContext, app_context
 from gateway.supervisor import WorkerState
 
 router = APIRouter()
@@ -60,4 +61,14 @@ async def placement(request: Request) -> JSONResponse:
     app = app_context(request)
     app.keys.authenticate(request.headers.get("authorization"))
     served = {d.name for d in app.registry}
-    return JSONResponse(placement_with_measured(app.placement, app.metrics.live, served))
+    body = placement_with_measured(app.placement, app.metrics.live, served)
+    live = {d.name: _live_state(app, d) for d in app.registry}
+    for decision in body.get("decisions") or ():
+        if isinstance(decision, dict) and decision.get("model") in live:
+            decision["live"] = live[decision["model"]]  # the model's state now; a failed one says why
+    return JSONResponse(body)
+
+
+def _live_state(app: AppContext, deployment: Deployment) -> dict[str, str | None]:
+    residency = app.service.residency
+    return {"status": residency.state(deployment).value, "error": residency.failure(deployment)}

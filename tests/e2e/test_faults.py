@@ -93,19 +93,15 @@ async def test_worker_killed_mid_stream_ends_the_stream_with_an_error_frame(two_
     async with httpx.AsyncClient(timeout=60) as client:
         other = await stream(client, gateway.base_url + "/chat/completions", chat_body(model=OTHER, max_tokens=4))
         assert other.done and not other.errors
-        # This model answers 503 + Retry-After until its worker is back, then serves again.
-        saw_503 = False
-        deadline = time.monotonic() + 60
-        while True:
+        # A request for this model waits for its worker to be restarted (backoff, then its load) and is
+        # served: no 503 while a pinned model boots or restarts (issue 21). It may arrive before the crash was
+        # even noticed (a 503 for the connection lost), so retry that once.
+        for _ in range(2):
             response = await client.post(gateway.base_url + "/chat/completions", json=chat_body(stream=False))
             if response.status_code == 200:
                 break
-            assert response.status_code == 503, response.text
-            assert 1 <= int(response.headers["retry-after"]) <= 60
-            saw_503 = True
-            assert time.monotonic() < deadline, gateway.log()[-3000:]
-            await asyncio.sleep(0.2)
-    assert saw_503
+            assert response.status_code == 503 and "connection" in response.text, response.text
+        assert response.status_code == 200, response.text
     assert worker_for(gateway, MODEL).pid != victim.pid
     assert ready_model(gateway, MODEL)["restarts"] == 1
     samples = scrape(gateway)

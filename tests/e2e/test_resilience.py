@@ -76,27 +76,26 @@ def test_client_disconnect_mid_stream_frees_the_worker(gateway: Gateway) -> None
     assert quick.choices[0].finish_reason in ("stop", "length")
 
 
-def test_killed_worker_gives_503_then_is_restarted_and_serves_again(gateway: Gateway) -> None:
+def test_killed_worker_is_restarted_and_a_request_meanwhile_waits_for_it(gateway: Gateway) -> None:
     victim = worker_process(gateway)
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    # While it restarts, the model answers 503 with Retry-After (never a hang, never a 500).
-    saw_503 = False
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    # While it restarts, a request waits for the new worker and is served (never a hang, a 500 or a 503:
+    # a pinned model that restarts is waited for as at boot). Only a request that reached the dead worker
+    # before its death was noticed may get a 503 for the lost connection.
+    started = time.monotonic()
+    for _ in range(2):
         try:
-            gateway.client().chat.completions.create(
+            reply = gateway.client().chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
             break
         except openai.InternalServerError as exc:
-            assert exc.status_code == 503, exc
-            assert exc.response.headers.get("retry-after")
-            saw_503 = True
-            time.sleep(0.5)
+            assert exc.status_code == 503 and "connection" in str(exc), exc
     else:
-        raise AssertionError("worker was not restarted in time:\n" + gateway.log()[-3000:])
-    assert saw_503
+        raise AssertionError("no answer after the restart:\n" + gateway.log()[-3000:])
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert time.monotonic() - started < 120
     assert worker_process(gateway).pid != victim.pid
     ready = httpx.get(gateway.url + "/ready", timeout=5).json()["models"][MODEL]
     assert ready["restarts"] == 1

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerState
+from gateway.workers import WorkerStartError, WorkerState
 
 BASE_URL = "http://fake-worker"
 
@@ -96,8 +96,10 @@ class FakeWorker:
         self.restarts = 0
         self.last_error: str | None = None
         self.pid: int | None = None
+        self.successes = 0
 
-    def start(self) -> None:
+    def start(self, *, retry: bool = False) -> None:
+        del retry
         if self.state is not WorkerState.READY:
             self.state = WorkerState.READY
 
@@ -105,9 +107,16 @@ class FakeWorker:
         del timeout_s
         return self.state is WorkerState.READY
 
-    async def ensure_ready(self, timeout_s: float | None = None) -> None:
-        del timeout_s
+    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
+        del timeout_s, retry
         self.start()
+
+    async def await_ready(self, timeout_s: float | None = None) -> None:
+        if not await self.wait_ready(timeout_s):
+            raise WorkerStartError(f"{self.name} is {self.state.value}")
+
+    def note_success(self) -> None:
+        self.successes += 1
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

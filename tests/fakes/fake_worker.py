@@ -1,7 +1,8 @@
 """FakeWorker: a small real process standing in for an engine worker in supervisor tests.
 
 It speaks just enough of the worker contract (GET /health, streaming /v1/chat/completions) and
-misbehaves on request: never ready (or only after a while), crash after N requests, ignore SIGTERM,
+misbehaves on request: never ready (or only after a while), crash after N requests, die by SIGSEGV on
+every request (as the AMX bug kills llama.cpp), ignore SIGTERM,
 spawn a child, print a fatal log line, hold memory like loaded weights. Stands for
 `backends.llamacpp.worker` / `lmdeploy serve api_server` where a test is about process supervision, not
 inference.
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-ready", action="store_true", help="/health answers 503 forever")
     parser.add_argument("--crash-after", type=int, default=0, help="exit(3) after N completions")
+    parser.add_argument("--segv-on-request", action="store_true", help="die by a real SIGSEGV on each request")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--exit-at-start", type=int, default=None, help="print a line and exit with this code")
     parser.add_argument("--log-line", default=None, help="print this line every 0.2 s")
@@ -70,6 +72,9 @@ def main() -> None:
         nonlocal served
         body = await request.json()
         served += 1
+        if args.segv_on_request:
+            print("fake: segmentation fault in a native kernel, as asked", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)  # the default action: the process dies with -11, like llama.cpp
         if args.crash_after and served >= args.crash_after:
             print("fake: crashing as asked", flush=True)
             os._exit(3)
@@ -99,7 +104,13 @@ def main() -> None:
 
         return StreamingResponse(frames(), media_type="text/event-stream")
 
-    app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"])])
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", health),  # the health path of `lmdeploy serve api_server`, which it stands for
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ]
+    )
     print(f"fake: listening on {args.port}", flush=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 

@@ -49,7 +49,8 @@ class FakeLoadingWorker:
         if self.on_state is not None:
             self.on_state(self.name, state)
 
-    def start(self) -> None:
+    def start(self, *, retry: bool = False) -> None:
+        del retry
         if self.state in (WorkerState.STOPPED, WorkerState.FAILED):
             self.starts += 1
             self._set(WorkerState.STARTING)
@@ -69,12 +70,18 @@ class FakeLoadingWorker:
             await asyncio.wait_for(self.ensure_ready(), timeout_s)
         return self.state is WorkerState.READY
 
-    async def ensure_ready(self, timeout_s: float | None = None) -> None:
-        self.start()
+    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
+        self.start(retry=retry)
+        await self.await_ready(timeout_s)
+
+    async def await_ready(self, timeout_s: float | None = None) -> None:
         while self.state is WorkerState.STARTING:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
         if self.state is not WorkerState.READY:
             raise WorkerStartError(self.last_error or f"worker {self.state.value}")
+
+    def note_success(self) -> None:
+        """Requests served do not change a fake's state."""
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

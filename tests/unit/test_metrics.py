@@ -30,6 +30,7 @@ DOCUMENTED = {
     "voltgate:num_requests_running": "gauge",
     "voltgate:worker_state": "gauge",
     "voltgate:worker_restarts": "counter",
+    "voltgate:worker_crashes": "counter",
     "voltgate:worker_slots": "gauge",
     "voltgate:worker_slots_busy": "gauge",
     "voltgate:worker_kv_cells_used": "gauge",
