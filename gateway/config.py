@@ -154,7 +154,7 @@ def _renamed_objective(value: object) -> object:
     """`objective: throughput | latency` (before issue 26) named what speed means; it is `speed_metric` now."""
     if value in ("throughput", "latency"):
         raise ValueError(
-            f"objective: {value} is now 'objective: speed' with 'speed_metric: {value}' "
+            f"{value!r} was renamed: write 'objective: speed' and 'speed_metric: {value}' "
             "(objective is quality or speed; speed_metric says what faster means)"
         )
     return value
