@@ -143,6 +143,49 @@ class AuthSettings(_Spec):
     keys_env: str | None = Field(default="VOLTGATE_API_KEYS", description="env var with comma-separated plain keys")
 
 
+Objective = Literal["quality", "speed"]
+SpeedMetric = Literal["throughput", "latency"]
+DEFAULT_MIN_TOK_S_PER_STREAM = 8.0
+"""The default useful-speed floor, decode tokens/s per stream: people read about 250 words a minute, 5-6 tokens
+a second, so 8 keeps ahead of a reader with room to spare; a 70B mostly in host memory (under 5 tok/s) is below."""
+
+
+def _renamed_objective(value: object) -> object:
+    """`objective: throughput | latency` (before issue 26) named what speed means; it is `speed_metric` now."""
+    if value in ("throughput", "latency"):
+        raise ValueError(
+            f"{value!r} was renamed: write 'objective: speed' and 'speed_metric: {value}' "
+            "(objective is quality or speed; speed_metric says what faster means)"
+        )
+    return value
+
+
+class PlacementSettings(_Spec):
+    """How the planner chooses among the placements that fit wholly on GPUs (docs/placement.md); a model's own
+    `objective`, `speed_metric` and `min_tok_s_per_stream` override these."""
+
+    objective: Objective = Field(
+        default="quality",
+        description="quality: the highest precision among the fits that reach the floor; speed: the fastest",
+    )
+    speed_metric: SpeedMetric = Field(
+        default="throughput",
+        description="what faster means: tokens/s in total with every session decoding (throughput), or one "
+        "stream's tokens/s (latency)",
+    )
+    min_tok_s_per_stream: float = Field(
+        default=DEFAULT_MIN_TOK_S_PER_STREAM,
+        ge=0,
+        description="the useful-speed floor: predicted decode tokens/s of each stream at the configured sessions; "
+        "fits below it lose to fits that reach it, whatever their precision (0: no floor)",
+    )
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _objective_renamed(cls, value: object) -> object:
+        return _renamed_objective(value)
+
+
 class ModelSpec(_Spec):
     """One model the gateway serves, with the sources the placement policy may choose from."""
 
@@ -171,9 +214,14 @@ class ModelSpec(_Spec):
     matryoshka: bool = Field(default=False, description="embed: vectors may be cut short, so `dimensions` is honoured")
     embed_batch: int = Field(default=32, ge=1, le=256, description="embed/rerank: inputs per forward pass")
     embed_truncate: bool = Field(default=False, description="embed: cut an input longer than `context`, not a 400")
-    objective: Literal["throughput", "latency"] = Field(
-        default="throughput",
-        description="what the planner's speed prediction optimises: tokens/s in total for many users, or one user's",
+    objective: Objective | None = Field(
+        default=None, description="quality or speed among the placements that fit (default: placement.objective)"
+    )
+    speed_metric: SpeedMetric | None = Field(
+        default=None, description="what 'faster' means for this model (default: placement.speed_metric)"
+    )
+    min_tok_s_per_stream: float | None = Field(
+        default=None, ge=0, description="this model's useful-speed floor (default: placement.min_tok_s_per_stream)"
     )
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
@@ -230,6 +278,11 @@ class ModelSpec(_Spec):
         source = self.sources[0]
         return source if isinstance(source, RemoteSource) else None
 
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _objective_renamed(cls, value: object) -> object:
+        return _renamed_objective(value)
+
     @field_validator("tp")
     @classmethod
     def _tp_power_of_two(cls, tp: int | None) -> int | None:
@@ -242,8 +295,18 @@ class Config(_Spec):
     server: ServerSettings = ServerSettings()
     gpus: str = Field(default="auto", description="'auto' (NVML), 'none', or a layout such as '2xv100-16gb'")
     auth: AuthSettings = AuthSettings()
+    placement: PlacementSettings = PlacementSettings()
     models: tuple[ModelSpec, ...] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    def placement_for(self, model: ModelSpec) -> PlacementSettings:
+        """The placement settings for one model: its own keys where set, else the `placement:` section's."""
+        own = {
+            "objective": model.objective,
+            "speed_metric": model.speed_metric,
+            "min_tok_s_per_stream": model.min_tok_s_per_stream,
+        }
+        return self.placement.model_copy(update={k: v for k, v in own.items() if v is not None})
 
     def data_path(self) -> Path:
         """`server.data_dir` with `~` expanded; a relative path is taken from the config file's directory."""

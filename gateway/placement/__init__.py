@@ -5,6 +5,7 @@ model files' headers, with every decision explained (DESIGN.md, "Placement").
     report = plan_models(config, inventory)        # never raises for a model that does not fit
     report.plans                                   # DeploymentPlans, in the order workers must start
     report.decision("m").prediction                # predicted tok/s of the chosen plan (performance.py)
+    report.decision("m").choice                    # which rule chose it, and the runner-up (choice.py)
 """
 
 from gateway.placement.estimate import MemoryEstimate
@@ -12,11 +13,19 @@ from gateway.placement.inspection import InspectionError, ModelShape, SourceInfo
 from gateway.placement.inventory import GPU, Inventory, InventoryError, inventory_from_nvml, inventory_from_spec
 from gateway.placement.performance import Prediction, gpu_spec
 from gateway.placement.policy import plan_models
-from gateway.placement.report import Alternative, ModelDecision, PlacementReport, Rejection, render_plan_table
+from gateway.placement.report import (
+    Alternative,
+    ChoiceReason,
+    ModelDecision,
+    PlacementReport,
+    Rejection,
+    render_plan_table,
+)
 
 __all__ = [
     "GPU",
     "Alternative",
+    "ChoiceReason",
     "InspectionError",
     "Inventory",
     "InventoryError",

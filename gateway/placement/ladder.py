@@ -1,6 +1,8 @@
-"""One model's whole-GPU ladder, in tiers, and the choice among the deciding tier's fits by predicted speed.
+"""One model's whole-GPU ladder, in tiers; `gateway.placement.choice` chooses among the deciding tier's fits.
 
-Tiers are tried in order; the first with any fit decides:
+Tiers are tried in order; the first with any fit decides, except that tier 2 is also tried, and the fits of both
+chosen from, when no fit of tier 1 reaches the useful-speed floor (or, for objective quality, when one with more
+weight bits than every fit that reaches it is below it: its quantized KV may be fast enough):
 
 1. targets: the configured context and concurrency with full-precision KV. TurboMind FP16 on one GPU, then
    tensor-parallel over 2, 4, 8 identical GPUs; then KV int8 at a tp where the FP16 KV target exceeds the room
@@ -9,22 +11,21 @@ Tiers are tried in order; the first with any fit decides:
 2. quantized KV: the same targets with KV int8 however large the miss (TurboMind, head_dim 128) or KV q8_0
    (llama.cpp, needs flash attention): every layer stays on the GPU.
 3. fewer sessions: the most sessions below `concurrency` that fit; the others wait in the gateway's queue.
+   Only the fits that serve the most sessions are chosen from.
 4. shorter session: the longest session down to `min_context`.
 
 Partial offload and the CPU come only after all four (the policy's second pass). In the deciding tier every fit
-is predicted (gateway.placement.performance); the earliest in ladder order whose score for the model's
-`objective` is within CLOSE (15 %) of the best wins, so the seed's order stands unless a later option is more
-than 15 % faster. Speed never buys more GPUs than the tier's first fit uses: those stay for other models.
+is predicted and `choose` applies the floor and the model's objective (quality by default: the highest
+precision that reaches the floor). Neither speed nor precision buys more GPUs than the tier's first fit uses:
+those stay for other models.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from backends.base import EngineName
-from gateway.placement.performance import Prediction, predict_plan
-from gateway.placement.report import Alternative, describe_plan
+from gateway.placement.choice import Choice, choose, settled
 from gateway.placement.rungs import (
     LC_GPU,
     TM_FP16,
@@ -39,11 +40,8 @@ from gateway.placement.rungs import (
 
 KV_INT8_SMALL_MISS = 0.25
 """Tier 1 takes KV int8 only when the FP16 KV needs at most 25 % more than the room it has."""
-CLOSE = 0.15
-"""A later option replaces the ladder's earlier one only when predicted more than 15 % faster."""
 SESSION_STEP = 256
 """Shortened sessions are multiples of this (or min_context itself)."""
-_OBJECTIVE = {"throughput": "in total with every session it holds decoding", "latency": "for one stream"}
 
 
 class Option(Protocol):
@@ -121,19 +119,6 @@ class LlamaCppOption:
         return try_llamacpp_gpu(self.work, source, self.budgets, session, sessions or self.slots, self.kv)
 
 
-@dataclass
-class Choice:
-    """What the ladder decided for one model: the placement (or None), the fits passed over with their
-    predictions, and every miss, note and warning to record."""
-
-    placed: Placed | None = None
-    prediction: Prediction | None = None
-    alternatives: list[Alternative] = field(default_factory=list)
-    misses: list[Miss] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
 def turbomind_options(
     work: ModelWork, budgets: dict[int, int], tps: list[int], *, w4a16: bool
 ) -> tuple[list[Option], list[Option]]:
@@ -168,17 +153,21 @@ def climb(work: ModelWork, budgets: dict[int, int], tiers: tuple[list[Option], l
     spec = work.spec
     choice = Choice()
     options = [*tiers[0], *tiers[1]]
+    fits: list[Placed] = []
     for tier in tiers:
-        fits = _evaluate(tier, spec.context, None, choice.misses)
-        if fits:
-            return _choose(work, budgets, fits, choice)
+        fits += _evaluate(tier, spec.context, None, choice.misses)
+        if fits and settled(work, budgets, fits):
+            break
+    if fits:
+        return choose(work, budgets, fits, choice)
     if spec.concurrency > 1:
         shrinkable = [
             o for o in options if not o.rescue and not (isinstance(o, LlamaCppOption) and spec.llamacpp.slots)
         ]
         fits = [f for f in (_most_sessions(o, spec.context, spec.concurrency) for o in shrinkable) if f]
         if fits:
-            placed = _choose(work, budgets, fits, choice)
+            most = max(f.capacity for f in fits)  # serving more sessions beats precision and speed here
+            placed = choose(work, budgets, [f for f in fits if f.capacity == most], choice)
             assert placed.placed is not None
             served = placed.placed.capacity
             choice.warnings.append(
@@ -239,7 +228,7 @@ def _shorter(work: ModelWork, budgets: dict[int, int], options: list[Option], ch
     if not fits:
         return choice
     longest = max(f.plan.context_tokens for f in fits)
-    chosen = _choose(work, budgets, [f for f in fits if f.plan.context_tokens == longest], choice)
+    chosen = choose(work, budgets, [f for f in fits if f.plan.context_tokens == longest], choice)
     assert chosen.placed is not None
     choice.warnings.append(
         f"session shortened from {spec.context} to {longest} tokens (min_context {spec.min_context}) "
@@ -250,51 +239,3 @@ def _shorter(work: ModelWork, budgets: dict[int, int], options: list[Option], ch
 
 def _round_up(n: int) -> int:
     return -(-n // SESSION_STEP) * SESSION_STEP
-
-
-def predict_placed(work: ModelWork, placed: Placed, budgets: dict[int, int] | None = None) -> Prediction:
-    """The placement's predicted speed; with `budgets`, TurboMind counts the sessions its KV cache would hold
-    if the spare memory there became KV (as it does when no other model shares the GPUs)."""
-    capacity = placed.capacity
-    if budgets is not None and placed.regrow is not None:
-        grown = placed.regrow(budgets)
-        capacity = grown.capacity if grown is not None else capacity
-    concurrency = work.spec.concurrency if placed.plan.engine is EngineName.LMDEPLOY else placed.plan.slots
-    gpus = list(work.gpus.values())
-    return predict_plan(
-        placed.plan, placed.source, gpus, concurrency=concurrency, capacity=capacity, host_threads=work.host_threads
-    )
-
-
-def _choose(work: ModelWork, budgets: dict[int, int], fits: list[Placed], choice: Choice) -> Choice:
-    """The earliest fit within CLOSE of the fastest for the objective, among those using no more GPUs than
-    the first; the others become alternatives saying why they lost."""
-    objective = work.spec.objective
-    predicted = [(placed, predict_placed(work, placed, budgets)) for placed in fits]
-    default, default_speed = predicted[0]
-    most_gpus = len(default.estimate.gpu_bytes)
-    eligible = [(p, s) for p, s in predicted if len(p.estimate.gpu_bytes) <= most_gpus]
-    best = max(s.score(objective) for _, s in eligible)
-    chosen, speed = next((p, s) for p, s in eligible if s.score(objective) * (1 + CLOSE) >= best)
-    label = describe_plan(chosen.rung, chosen.plan)
-    if chosen is not default:
-        choice.notes.append(
-            f"chosen for speed over {describe_plan(default.rung, default.plan)} (the ladder's first fit): "
-            f"predicted {speed.score(objective):,.0f} vs {default_speed.score(objective):,.0f} tok/s "
-            f"{_OBJECTIVE[objective]} (objective {objective})"
-        )
-    after_chosen = False
-    for placed, other in predicted:
-        if placed is chosen:
-            after_chosen = True
-            continue
-        if len(placed.estimate.gpu_bytes) > most_gpus:
-            why = f"uses {len(placed.estimate.gpu_bytes)} GPUs, more than the ladder's first fit ({most_gpus})"
-        elif after_chosen and other.score(objective) * (1 + CLOSE) >= speed.score(objective):
-            why = f"within {CLOSE:.0%} of {label} for {objective}, which comes first in the ladder"
-        else:
-            why = f"predicted {other.score(objective):,.0f} vs {speed.score(objective):,.0f} tok/s for {objective}"
-        choice.alternatives.append(Alternative(rung=placed.rung, option=describe_plan(placed.rung, placed.plan),
-                                               prediction=other, why_not=why))  # fmt: skip
-    choice.placed, choice.prediction = chosen, speed
-    return choice

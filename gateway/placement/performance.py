@@ -32,11 +32,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from backends.base import DeploymentPlan, EngineName
+from gateway.config import SpeedMetric
 from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, kv_element_bytes
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
-
-Objective = Literal["throughput", "latency"]
 
 
 @dataclass(frozen=True)
@@ -238,9 +237,9 @@ class Prediction(BaseModel):
     notes: tuple[str, ...] = ()
     inputs: PredictionInputs
 
-    def score(self, objective: Objective) -> float:
+    def score(self, metric: SpeedMetric) -> float:
         """throughput: tokens/s in total with every session it can hold decoding; latency: one stream's."""
-        return self.capacity_tok_s if objective == "throughput" else self.decode_tok_s_1
+        return self.capacity_tok_s if metric == "throughput" else self.decode_tok_s_1
 
     def describe(self) -> str:
         parts = [f"1 stream {self.decode_tok_s_1:,.0f} tok/s"]

@@ -2,12 +2,12 @@
 
 Pass 1 gives every model, largest first, a placement wholly on GPUs: the tiered ladder of
 `gateway.placement.ladder` (the targets with full-precision KV, then quantized KV, then fewer sessions, then
-a shorter session where `min_context` allows), choosing within a tier by predicted speed for the model's
-`objective`. Pass 2 gives what is left to the models still unplaced: llama.cpp partial offload (its predicted
-slowness in the plan), then the CPU. Embedding and rerank models then take what is left, a GPU with room or the
-CPU (`gateway.placement.embedding`). Pass 3 turns spare memory on GPUs that a TurboMind worker has to itself
-into more KV cache. A model that fits nowhere is refused with the closest rung's shortfall and what would make
-it fit (`gateway.placement.hints`).
+a shorter session where `min_context` allows), choosing within a tier by the useful-speed floor and the
+model's `objective` (`gateway.placement.choice`). Pass 2 gives what is left to the models still unplaced:
+llama.cpp partial offload (its predicted slowness in the plan), then the CPU. Embedding and rerank models then
+take what is left, a GPU with room or the CPU (`gateway.placement.embedding`). Pass 3 turns spare memory on
+GPUs that a TurboMind worker has to itself into more KV cache. A model that fits nowhere is refused with the
+closest rung's shortfall and what would make it fit (`gateway.placement.hints`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
-from gateway.config import Config, GGUFSource, HFSource, ModelSpec
+from gateway.config import Config, GGUFSource, HFSource, ModelSpec, PlacementSettings
+from gateway.placement.choice import predict_placed
 from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
 from gateway.placement.hints import refusal_hints
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
 from gateway.placement.inventory import GPU, Inventory, host_budget_bytes
-from gateway.placement.ladder import Option, RuledOut, climb, llamacpp_options, predict_placed, turbomind_options
+from gateway.placement.ladder import Option, RuledOut, climb, llamacpp_options, turbomind_options
 from gateway.placement.performance import Prediction
-from gateway.placement.report import Alternative, ModelDecision, PlacementReport, Rejection
+from gateway.placement.report import Alternative, ChoiceReason, ModelDecision, PlacementReport, Rejection
 from gateway.placement.rungs import (
     LC_CPU,
     LC_GPU,
@@ -61,7 +62,9 @@ class _Entry:
     gpu_note: str | None = None
     notes: list[str] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
+    reason: ChoiceReason | None = None
     prediction: Prediction | None = None
+    settings: PlacementSettings = field(default_factory=PlacementSettings)
 
     @property
     def size(self) -> int:
@@ -169,7 +172,7 @@ def _remote_decision(spec: ModelSpec) -> ModelDecision:
 
 def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     """Inspect the sources, apply the overrides that remove whole engines or sources."""
-    entry = _Entry(spec, gpu_note=inventory.note)
+    entry = _Entry(spec, gpu_note=inventory.note, settings=config.placement_for(spec))
     infos: list[SourceInfo] = []
     for source in spec.sources:
         location = source.gguf if isinstance(source, GGUFSource) else source.hf if isinstance(source, HFSource) else ""
@@ -218,7 +221,7 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     if gpus is None:
         return entry
     threads = SIMULATED_HOST_THREADS if inventory.source == "simulated" else max(1, (os.cpu_count() or 2) // 2)
-    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads)
+    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads, entry.settings)
     return entry
 
 
@@ -273,7 +276,7 @@ def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | No
     choice = climb(work, budgets, _tiers(entry, budgets, slots))
     entry.misses.extend(choice.misses)
     entry.warnings.extend(w for w in choice.warnings if w not in entry.warnings)
-    entry.notes, entry.alternatives = choice.notes, choice.alternatives
+    entry.notes, entry.alternatives, entry.reason = choice.notes, choice.alternatives, choice.reason
     return choice.placed
 
 
@@ -408,7 +411,9 @@ def _decision(entry: _Entry) -> ModelDecision:
             rejected=rejected,
             warnings=entry.warnings,
             refusal=entry.refusal or "not placed",
-            objective=entry.spec.objective,
+            objective=entry.settings.objective,
+            speed_metric=entry.settings.speed_metric,
+            min_tok_s_per_stream=entry.settings.min_tok_s_per_stream,
             load=entry.spec.load,
         )
     return ModelDecision(
@@ -420,7 +425,10 @@ def _decision(entry: _Entry) -> ModelDecision:
         rejected=rejected,
         warnings=[*entry.warnings, *(w for w in placed.warnings if w not in entry.warnings)],
         notes=[*entry.notes, *placed.notes],
-        objective=entry.spec.objective,
+        objective=entry.settings.objective,
+        speed_metric=entry.settings.speed_metric,
+        min_tok_s_per_stream=entry.settings.min_tok_s_per_stream,
+        choice=entry.reason,
         prediction=entry.prediction,
         alternatives=entry.alternatives,
         load=entry.spec.load,

@@ -10,9 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from backends.base import DeploymentPlan, EngineName
+from gateway.config import DEFAULT_MIN_TOK_S_PER_STREAM, Objective, SpeedMetric
 from gateway.placement.estimate import MemoryEstimate
 from gateway.placement.inventory import GIB, Inventory
-from gateway.placement.performance import Objective, Prediction
+from gateway.placement.performance import Prediction
+
+ChoiceRule = Literal["only_fit", "highest_precision", "fastest", "floor", "none_reach_floor"]
+"""Which rule chose among the fits (docs/placement.md): the only fit; the highest precision among the fits
+reaching the floor (objective quality); the fastest (objective speed); the most precise fit that reaches the
+floor, more precise ones being too slow; the fastest, since no fit reaches the floor."""
 
 
 class Rejection(NamedTuple):
@@ -29,8 +35,22 @@ class Alternative(BaseModel):
 
     rung: str
     option: str = Field(description="engine, precision, GPUs, context x sessions")
+    precision: str = Field(default="", description="weights and KV cache, e.g. Q8_0 or float16, KV int8")
     prediction: Prediction
     why_not: str
+
+
+class ChoiceReason(BaseModel):
+    """Which rule chose the placement among the fits, and what the runner-up would give instead."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule: ChoiceRule
+    summary: str = Field(description="the rule, the chosen precision and speed, the runner-up's, in one sentence")
+    precision: str = Field(description="of the chosen placement")
+    runner_up: Alternative | None = Field(
+        default=None, description="the fit the other objective (or, for a floor rule, the more precise fit) gives"
+    )
 
 
 class ModelDecision(BaseModel):
@@ -47,7 +67,12 @@ class ModelDecision(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list, description="why the chosen plan looks the way it does")
     refusal: str | None = None
-    objective: Objective = "throughput"
+    objective: Objective = Field(default="quality", description="quality or speed among the fits (docs/placement.md)")
+    speed_metric: SpeedMetric = Field(default="throughput", description="what faster means for this model")
+    min_tok_s_per_stream: float = Field(
+        default=DEFAULT_MIN_TOK_S_PER_STREAM, description="the useful-speed floor, tok/s per stream"
+    )
+    choice: ChoiceReason | None = Field(default=None, description="which rule chose the plan among the fits")
     prediction: Prediction | None = Field(default=None, description="predicted speed of the chosen plan")
     alternatives: list[Alternative] = Field(default_factory=list, description="fits that were not chosen")
     load: Literal["always", "on_demand"] = Field(default="always", description="the model's residency setting")
@@ -105,7 +130,8 @@ def _inventory_line(inventory: Inventory) -> str:
     return f"{kind}: " + "; ".join(parts)
 
 
-def _precision(plan: DeploymentPlan) -> str:
+def precision_label(plan: DeploymentPlan) -> str:
+    """Weights and KV cache of a plan: `Q8_0`, `Q4_K_M, KV q8_0`, `float16`, `awq w4a16, KV int8`."""
     if plan.engine is EngineName.LMDEPLOY:
         weights = f"{plan.quant} w4a16" if plan.quant else plan.dtype
         kv = {0: "", 8: ", KV int8", 4: ", KV int4"}[plan.quant_policy]
@@ -115,7 +141,7 @@ def _precision(plan: DeploymentPlan) -> str:
 
 def describe_plan(rung: str, plan: DeploymentPlan) -> str:
     """One line for a placement: rung, precision, where, context x sessions."""
-    return f"{rung} {_precision(plan)} on {_where(plan)}, {plan.context_tokens} x {plan.slots}"
+    return f"{rung} {precision_label(plan)} on {_where(plan)}, {plan.context_tokens} x {plan.slots}"
 
 
 def _where(plan: DeploymentPlan) -> str:
@@ -165,7 +191,7 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
         engine = "TurboMind" if plan.engine is EngineName.LMDEPLOY else "llama.cpp"
         table.add_row(
             name,
-            Text(engine, style="bold green") + Text("\n" + _precision(plan)),
+            Text(engine, style="bold green") + Text("\n" + precision_label(plan)),
             plan.source_path.name,
             _where(plan),
             f"{plan.context_tokens} x {plan.slots}",
@@ -186,6 +212,8 @@ def render_plan_table(report: PlacementReport, console: Console) -> None:
             console.print(Text(f"    from: {d.prediction.inputs.explain()}", style="dim"))
             for note in d.prediction.notes:
                 console.print(Text(f"    ({note})", style="dim"))
+        if d.choice is not None:
+            console.print(Text(f"  > rule {d.choice.rule}: {d.choice.summary}"))
         for alt in d.alternatives:
             line = f"  ~ also fits: {alt.option}: {alt.prediction.describe()}; not chosen: {alt.why_not}"
             console.print(Text(line, style="dim"))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from backends.base import DeploymentPlan, EngineName
-from gateway.config import ModelSpec
+from gateway.config import ModelSpec, PlacementSettings
 from gateway.placement.estimate import (
     LLAMACPP_KV_ELEMENT_BYTES,
     MARGIN_BYTES,
@@ -92,6 +92,8 @@ class ModelWork:
     gpus: dict[int, GPU]
     host_memory_bytes: int | None
     host_threads: int = 8
+    settings: PlacementSettings = field(default_factory=PlacementSettings)
+    """How to choose among its fits: objective, speed metric, useful-speed floor (`Config.placement_for`)."""
 
 
 # --- TurboMind -------------------------------------------------------------------------------------------

@@ -108,29 +108,41 @@ def test_a_large_kv_miss_goes_to_a_gguf_that_fits_before_kv_int8(zoo: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("objective", "engine", "note"),
+    ("objective", "metric", "engine", "rule"),
     [
-        ("throughput", EngineName.LMDEPLOY, None),
-        ("latency", EngineName.LLAMACPP, "chosen for speed over turbomind-fp16 float16 on 0, 4096 x 1 (the ladder's "
-         "first fit): predicted 73 vs 47 tok/s for one stream (objective latency)"),
+        ("quality", "throughput", EngineName.LMDEPLOY, "highest_precision"),
+        ("quality", "latency", EngineName.LMDEPLOY, "highest_precision"),  # FP16 kept, though Q8_0 is faster alone
+        ("speed", "throughput", EngineName.LMDEPLOY, "fastest"),
+        ("speed", "latency", EngineName.LLAMACPP, "fastest"),
     ],
-)  # fmt: skip
-def test_the_objective_decides_between_turbomind_batching_and_one_fast_stream(
-    zoo: Path, objective: str, engine: EngineName, note: str | None
+)
+def test_the_objective_and_speed_metric_decide_between_turbomind_fp16_and_a_fast_q8_0(
+    zoo: Path, objective: str, metric: str, engine: EngineName, rule: str
 ) -> None:
-    d = decide(zoo, "v100-32gb", sources=[hf("llama2-7b"), gguf("llama2-7b.Q8_0.gguf")], objective=objective)
-    assert d.plan is not None and d.plan.engine is engine and d.objective == objective
+    """One V100-32GB, HF FP16 + Q8_0: TurboMind batches 7 sessions (187 tok/s in total) at 47 tok/s for one
+    stream, llama.cpp Q8_0 runs one slot at 73. Quality keeps FP16; speed for one stream takes Q8_0."""
+    d = decide(zoo, "v100-32gb", sources=[hf("llama2-7b"), gguf("llama2-7b.Q8_0.gguf")], objective=objective,
+               speed_metric=metric)  # fmt: skip
+    assert d.plan is not None and d.plan.engine is engine
+    assert (d.objective, d.speed_metric) == (objective, metric)
+    assert d.choice is not None and d.choice.rule == rule
     (alternative,) = d.alternatives
-    if note is None:  # TurboMind: 7 sessions in its KV cache, 187 tok/s in total against one llama.cpp slot's 73
+    if (objective, metric) == ("speed", "throughput"):
         assert d.prediction is not None and d.prediction.capacity_tok_s == pytest.approx(187, rel=0.05)
         assert alternative.why_not == "predicted 73 vs 187 tok/s for throughput"
-    else:
-        assert note in d.notes
+    if (objective, metric) == ("speed", "latency"):
+        assert alternative.why_not == "predicted 47 vs 73 tok/s for latency"
+        assert d.choice.summary == (
+            "objective speed: Q8_0 is the fastest for latency; predicted 73 tok/s per stream at 1 session; "
+            "objective: quality would choose turbomind-fp16 float16 on 0, 4096 x 1: 47 tok/s per stream at 1 session"
+        )
 
 
 def test_speeds_within_15_percent_keep_the_ladder_order(zoo: Path) -> None:
-    """16 sessions of 4,096 tokens: the KV read dominates, Q4_K_M is only a few % faster than Q8_0."""
-    d = decide(zoo, "2xv100-32gb", sources=[gguf("llama2-7b.Q8_0.gguf"), gguf("llama2-7b.Q4_K_M.gguf")], concurrency=16)
+    """16 sessions of 4,096 tokens: the KV read dominates, Q4_K_M is only a few % faster than Q8_0 (objective
+    speed: with quality, Q8_0 wins on precision alone)."""
+    sources = [gguf("llama2-7b.Q8_0.gguf"), gguf("llama2-7b.Q4_K_M.gguf")]
+    d = decide(zoo, "2xv100-32gb", sources=sources, concurrency=16, objective="speed")
     assert d.plan is not None and d.plan.quant == "Q8_0"
     (alternative,) = d.alternatives
     assert alternative.option.startswith("llamacpp-gpu Q4_K_M")
@@ -156,7 +168,9 @@ def test_fewer_sessions_are_served_when_the_targets_do_not_fit_and_the_rest_queu
 def test_plan_json_carries_the_predictions(zoo: Path) -> None:
     report = report_for(zoo, "v100-32gb", sources=[hf("llama2-7b"), gguf("llama2-7b.Q8_0.gguf")])
     decision = json.loads(report.model_dump_json())["decisions"][0]
-    assert decision["objective"] == "throughput"
+    assert (decision["objective"], decision["speed_metric"], decision["min_tok_s_per_stream"]) == (
+        "quality", "throughput", 8.0)  # fmt: skip
+    assert decision["choice"]["rule"] == "highest_precision" and decision["choice"]["precision"] == "float16"
     assert decision["prediction"]["gpu"] == "V100 SXM2" and decision["prediction"]["capacity_sessions"] == 7
     assert set(decision["prediction"]) >= {"decode_tok_s_1", "aggregate_tok_s", "prefill_tok_s", "ttft_s"}
     assert decision["alternatives"][0]["prediction"]["decode_tok_s_1"] == pytest.approx(73, rel=0.05)
@@ -202,4 +216,5 @@ def test_plan_table_prints_the_predicted_speed_of_the_chosen_and_of_each_fit_pas
     assert "tok/s (predicted)" in text and "1 stream: 47" in text and "7 streams: 187" in text
     assert "= predicted (V100 SXM2): 1 stream 47 tok/s; up to 7 streams 187 tok/s in total" in text
     assert "~ also fits: llamacpp-gpu Q8_0 on 0, 4096 x 1: 1 stream 73 tok/s" in text
-    assert "not chosen: predicted 73 vs 187 tok/s for throughput" in text
+    assert "not chosen: lower precision (Q8_0) than float16: objective quality keeps the highest precision" in text
+    assert "> rule highest_precision: objective quality: float16 is the highest precision" in text
