@@ -186,6 +186,19 @@ class Pools:
         live = inventory is not None and inventory.source == "nvml"
         return cls(budgets, probe if probe is not None else SystemProbe(gpus=live), live_gpus=live)
 
+    def summary(self, resident: list[ModelMemory]) -> dict[str, dict[str, int | None]]:
+        """Per pool: the budget, what `resident` holds (measured or estimated), what is free, live free."""
+        out: dict[str, dict[str, int | None]] = {}
+        for pool, budget in sorted(self.budgets.items()):
+            held = sum(m.need().get(pool, 0) for m in resident)
+            out[pool] = {
+                "budget_bytes": budget,
+                "held_bytes": held,
+                "free_bytes": None if budget is None else budget - held,
+                "live_free_bytes": self.live_free(pool),
+            }
+        return out
+
     def live_free(self, pool: str) -> int | None:
         """Free memory in the pool right now (a GPU's less the margin), or None where it cannot be read."""
         if pool == HOST:

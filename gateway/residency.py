@@ -10,9 +10,8 @@ One on-demand model's life (`ModelState`):
 
 Pinned models (`load: always`) are started at boot and never unloaded; their worker's own supervisor
 restarts them, and their state here is their worker's. They hold memory in every decision. A request for a
-pinned model that is still booting (or being restarted) waits for it like a request for an on-demand model
-waits for its load, bounded by the same `load_wait_s`, with the same SSE keep-alives: restarting the gateway
-fails no client. Only a worker that gave up after a crash loop, or one shutting down, answers 503 at once.
+pinned model still booting or restarting waits for it as for an on-demand load (`load_wait_s`, SSE
+keep-alives); only a worker that gave up after a crash loop, or one shutting down, answers 503 at once.
 
 Contracts (callers never read a state to decide; every decision is made here):
 * `ensure_loaded(deployment)` returns a `Hold` once the model is READY: at once when it is, otherwise it
@@ -134,8 +133,7 @@ class Residency:
             self._raise_if_failed(entry)
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
-        """A hold at once when the model is served now (a pinned worker READY, or an on-demand model
-        READY); None when it must be loaded or its worker is still starting."""
+        """A hold at once when the model is served now; None when it must be loaded or is still starting."""
         entry = self._entry(deployment)
         if entry.pinned:
             try:
@@ -195,12 +193,7 @@ class Residency:
 
     def progress(self, deployment: Deployment) -> Progress:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
-        entry = self._entry(deployment)
-        if entry.pinned:
-            worker = entry.deployment.worker
-            phase = "its worker is starting" if worker.restarts == 0 else "its worker is restarting"
-            return Progress(entry.name, phase, time.monotonic() - entry.phase_started)
-        return entry.progress_now()
+        return self._entry(deployment).progress_now()
 
     def state(self, deployment: Deployment) -> ModelState:
         """For display (/v1/models, /ready, /admin/models); never a precondition."""
@@ -208,10 +201,7 @@ class Residency:
 
     def failure(self, deployment: Deployment) -> str | None:
         """Why a FAILED model is failed (for display); None for every other state."""
-        entry = self._entry(deployment)
-        if entry.shown_state() is not ModelState.FAILED:
-            return None
-        return (entry.deployment.worker.last_error if entry.pinned else entry.error) or "the worker failed"
+        return self._entry(deployment).failure()
 
     def on_worker_state(self, name: str, state: WorkerState) -> None:
         """Called on every worker state change: an on-demand worker that dies while serving frees its memory
@@ -265,16 +255,7 @@ class Residency:
 
     def budgets(self) -> dict[str, dict[str, int | None]]:
         """Per pool: the budget, what the models in memory hold (measured or estimated), and what is free."""
-        out: dict[str, dict[str, int | None]] = {}
-        for pool, budget in sorted(self.pools.budgets.items()):
-            held = sum(e.memory.need().get(pool, 0) for e in self._resident())
-            out[pool] = {
-                "budget_bytes": budget,
-                "held_bytes": held,
-                "free_bytes": None if budget is None else budget - held,
-                "live_free_bytes": self.pools.live_free(pool),
-            }
-        return out
+        return self.pools.summary([e.memory for e in self._resident()])
 
     # -- holds ------------------------------------------------------------------------------------------
     def _entry(self, deployment: Deployment) -> Resident:
@@ -466,7 +447,7 @@ class Residency:
             await asyncio.sleep(REAP_INTERVAL_S)
             now = time.monotonic()
             for entry in self._all():
-                if self._idle_for_long(entry, now) and not entry.reaping:
+                if entry.idle_for_long(now) and not entry.reaping:
                     entry.reaping = True
                     self._spawn(self._reap(entry), f"reap:{entry.name}")
             if now - last_measure >= MEASURE_INTERVAL_S:
@@ -475,21 +456,10 @@ class Residency:
                     if entry.deployment.worker.state is WorkerState.READY:
                         self._measure(entry)
 
-    def _idle_for_long(self, entry: Resident, now: float) -> bool:
-        ttl = entry.deployment.idle_unload_s
-        return (
-            ttl is not None
-            and not entry.pinned
-            and entry.state is ModelState.READY
-            and not entry.holds
-            and entry.last_used is not None
-            and now - entry.last_used >= ttl
-        )
-
     async def _reap(self, entry: Resident) -> None:
         try:
             async with self._lock:
-                if self._idle_for_long(entry, time.monotonic()):
+                if entry.idle_for_long(time.monotonic()):
                     idle = time.monotonic() - (entry.last_used or 0.0)
                     why = f"no request for {idle:.1f} s (idle_unload_s {entry.deployment.idle_unload_s:g})"
                     await self._unload(entry, "idle", why)

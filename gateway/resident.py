@@ -113,7 +113,28 @@ class Resident:
         return self.state
 
     def progress_now(self) -> Progress:
+        if self.pinned:  # a pinned model loads in its worker's supervisor: say which start it waits for
+            phase = "its worker is starting" if self.deployment.worker.restarts == 0 else "its worker is restarting"
+            return Progress(self.name, phase, time.monotonic() - self.phase_started)
         return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
+
+    def idle_for_long(self, now: float) -> bool:
+        """An on-demand model READY with no request for its `idle_unload_s`: the reaper unloads it."""
+        ttl = self.deployment.idle_unload_s
+        return (
+            ttl is not None
+            and not self.pinned
+            and self.state is ModelState.READY
+            and not self.holds
+            and self.last_used is not None
+            and now - self.last_used >= ttl
+        )
+
+    def failure(self) -> str | None:
+        """Why a FAILED model is failed (for display); None in every other state."""
+        if self.shown_state() is not ModelState.FAILED:
+            return None
+        return (self.deployment.worker.last_error if self.pinned else self.error) or "the worker failed"
 
     def describe(self) -> dict[str, Any]:
         """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
