@@ -180,7 +180,7 @@ def _llama_cuda(report: Report, info: dict[str, dict[str, str]], inventory: Inve
 
 
 def _decode_selftest(report: Report) -> None:
-    from backends.llamacpp.selftest import run_probe
+    from backends.llamacpp.selftest import ProbeSpec, run_probe
 
     try:
         model = package_resource(*EMBEDDED)
@@ -188,7 +188,7 @@ def _decode_selftest(report: Report) -> None:
         report.add("decode self-test", str(exc), "warn", "make run installs the embedded model")
         return
     setting = cpu_features.configured_setting()
-    run = run_probe(model, setting=setting, timeout_s=120)
+    run = run_probe(model, ProbeSpec(setting=setting), timeout_s=120)
     todo = "" if run.ok else "see docs/troubleshooting.md; `voltgate selftest` tries the safe setting"
     report.add("decode self-test", f"{run.describe()} (setting {setting})", "ok" if run.ok else "fail", todo)
 

@@ -44,22 +44,43 @@ class ProbeResult:
     system_info: str
 
 
-def probe(
-    model: Path,
-    *,
-    setting: cpu_features.ExtraBufts = "auto",
-    n_gpu_layers: int = 0,
-    n_threads: int | None = None,
-    prompt_tokens: int = 0,
-    gen_tokens: int = 8,
-) -> ProbeResult:
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How a probe loads and decodes: the extra-buffers setting, GPU layers, threads, prompt and output sizes
+    (`prompt_tokens` 0: the prompt as written)."""
+
+    setting: cpu_features.ExtraBufts = "auto"
+    n_gpu_layers: int = 0
+    n_threads: int | None = None
+    prompt_tokens: int = 0
+    gen_tokens: int = 8
+
+    def argv(self) -> list[str]:
+        """The child's options (`main` reads them back)."""
+        out = [
+            "--extra-bufts",
+            self.setting,
+            "--gpu-layers",
+            str(self.n_gpu_layers),
+            "--gen-tokens",
+            str(self.gen_tokens),
+        ]
+        if self.n_threads:
+            out += ["--threads", str(self.n_threads)]
+        if self.prompt_tokens:
+            out += ["--prompt-tokens", str(self.prompt_tokens)]
+        return out
+
+
+def probe(model: Path, spec: ProbeSpec) -> ProbeResult:
     """Load `model`, decode the prompt (or `prompt_tokens` tokens of it, repeated) and `gen_tokens` more."""
     from backends.llamacpp import native
 
     lib = native.lib
     native.init_backend()
-    decision = native.extra_bufts_decision(setting)
-    loaded = native.load_model(model, n_gpu_layers=n_gpu_layers, decision=decision)
+    decision = native.extra_bufts_decision(spec.setting)
+    n_threads, prompt_tokens, gen_tokens = spec.n_threads, spec.prompt_tokens, spec.gen_tokens
+    loaded = native.load_model(model, n_gpu_layers=spec.n_gpu_layers, decision=decision)
     try:
         vocab = lib.llama_model_get_vocab(loaded)
         tokens = _tokenize(lib, vocab, PROMPT)
@@ -150,22 +171,12 @@ class ProbeRun:
         return f"the decode {how}"
 
 
-def run_probe(
-    model: Path,
-    *,
-    setting: cpu_features.ExtraBufts = "auto",
-    n_gpu_layers: int = 0,
-    n_threads: int | None = None,
-    prompt_tokens: int = 0,
-    gen_tokens: int = 8,
-    timeout_s: float = 300.0,
-) -> ProbeRun:
+def run_probe(model: Path, spec: ProbeSpec | None = None, *, timeout_s: float = 300.0) -> ProbeRun:
+    """`probe` in a child process: its result, or the signal or exit status it died with."""
+    spec = spec or ProbeSpec()
+    setting = spec.setting
     cmd = [sys.executable, "-m", "backends.llamacpp.selftest", "--probe", "--json", "--model", str(model)]
-    cmd += ["--extra-bufts", setting, "--gpu-layers", str(n_gpu_layers), "--gen-tokens", str(gen_tokens)]
-    if n_threads:
-        cmd += ["--threads", str(n_threads)]
-    if prompt_tokens:
-        cmd += ["--prompt-tokens", str(prompt_tokens)]
+    cmd += spec.argv()
     env = dict(os.environ)
     env.pop(cpu_features.EXTRA_BUFTS_ENV, None)  # the setting is explicit here
     try:
@@ -197,7 +208,7 @@ Probe = Callable[[Path, cpu_features.ExtraBufts], ProbeRun]
 
 
 def _run(model: Path, setting: cpu_features.ExtraBufts) -> ProbeRun:
-    return run_probe(model, setting=setting)
+    return run_probe(model, ProbeSpec(setting=setting))
 
 
 def self_test(model: Path, *, probe: Probe = _run, prefix: str | None = None) -> SelfTest:
@@ -262,18 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    spec = ProbeSpec(args.extra_bufts, args.gpu_layers, args.threads, args.prompt_tokens, args.gen_tokens)
     if args.probe:
-        res = probe(
-            args.model,
-            setting=args.extra_bufts,
-            n_gpu_layers=args.gpu_layers,
-            n_threads=args.threads,
-            prompt_tokens=args.prompt_tokens,
-            gen_tokens=args.gen_tokens,
-        )
-        print(json.dumps(asdict(res)), flush=True)  # noqa: T201 - the parent reads this line
+        print(json.dumps(asdict(probe(args.model, spec))), flush=True)  # noqa: T201 - the parent reads this line
         return 0
-    run = run_probe(args.model, setting=args.extra_bufts, n_gpu_layers=args.gpu_layers, n_threads=args.threads)
+    run = run_probe(args.model, spec)
     print(json.dumps(asdict(run)) if args.json else run.describe())  # noqa: T201
     return 0 if run.ok else 1
 
