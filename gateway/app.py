@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +32,7 @@ from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
+from gateway.reload import Desired, Planner, Reloader
 from gateway.remote import RemoteEndpoint
 from gateway.residency import Residency
 from gateway.routes import admin, inference, messages, models, ops, responses
@@ -66,8 +69,12 @@ def create_app(
     placement: dict[str, Any] | None = None,
     adapters: Mapping[EngineName, EngineAdapter] | None = None,
     metrics: Metrics | None = None,
+    planner: Planner | None = None,
+    watch: Path | None = None,
 ) -> FastAPI:
-    """Build the gateway for already-placed deployments; workers start in the lifespan."""
+    """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how
+    to re-read and place the config) it reloads on SIGHUP and `POST /admin/reload`, and with `watch` when that
+    file changes (`gateway.reload`)."""
     adapters = dict(adapters or default_adapters(config))
     metrics = metrics or Metrics()
     keys = KeyStore(config.auth, os.environ.get(config.auth.keys_env) if config.auth.keys_env else None)
@@ -80,9 +87,13 @@ def create_app(
         async with httpx.AsyncClient(limits=limits, timeout=config.server.upstream_timeout_s) as client:
             registry = Registry(refused=dict(refused or {}))
             residency = Residency.from_placement(registry, config.server, metrics, placement or {})
+
+            def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
+                adapter = adapters[plan.engine]
+                return _deployment(plan, spec, adapter, client, config, metrics, residency.on_worker_state)
+
             for plan in plans:
-                spec, adapter = specs[plan.model], adapters[plan.engine]
-                registry.add(_deployment(plan, spec, adapter, client, config, metrics, residency.on_worker_state))
+                registry.add(make(plan, specs[plan.model]))
             service = Service(registry, client, config.server, metrics, residency)
             store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
@@ -91,11 +102,16 @@ def create_app(
             _announce(config, keys, registry)
             await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
+            if planner is not None:
+                current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
+                context.reloader = _reloader(context, planner, current, residency, make, watch)
             try:
                 yield
             finally:
                 context.accepting = False
                 stats.cancel()
+                if context.reloader is not None:
+                    await context.reloader.close()
                 log.info("stopping %d worker(s)", len(registry.deployments))
                 await residency.close()
                 store.close()
@@ -116,6 +132,24 @@ def create_app(
     install_openapi(app)
     _install_middleware(app, config)
     return app
+
+
+def _reloader(
+    context: AppContext, planner: Planner, current: Desired, residency: Residency,
+    make: Callable[[DeploymentPlan, ModelSpec], Deployment], watch: Path | None,
+) -> Reloader:  # fmt: skip
+    """Config reloads: SIGHUP, the admin route, and the file watcher when asked for."""
+
+    def applied(desired: Desired) -> None:
+        context.placement = desired.placement
+        context.metrics.set_predictions(predictions_from_placement(desired.placement, {p.model for p in desired.plans}))
+
+    reloader = Reloader(planner, current, context.registry, residency, make, on_applied=applied)
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread / on Windows
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.on_sighup)
+    if watch is not None:
+        reloader.watch(watch)
+    return reloader
 
 
 def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:

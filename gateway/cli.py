@@ -25,7 +25,8 @@ from gateway.config import (
 )
 
 if TYPE_CHECKING:
-    from gateway.placement import Inventory
+    from gateway.placement import Inventory, PlacementReport
+    from gateway.reload import Desired
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
 ConfigOption = Annotated[
@@ -86,30 +87,35 @@ def serve(
     port: Annotated[int | None, typer.Option(help="port \\[env: VOLTGATE_PORT]")] = None,
     log_format: Annotated[str, typer.Option(help="text or json")] = "text",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+    watch_config: Annotated[
+        bool, typer.Option("--watch-config", help="reload the config whenever its file changes (also: SIGHUP)")
+    ] = False,
 ) -> None:
     """Place every configured model, start its worker, and serve the OpenAI API."""
     import uvicorn
 
     from gateway.app import create_app
     from gateway.logs import setup_logging
-    from gateway.placement import plan_models, render_plan_table
+    from gateway.placement import render_plan_table
 
     setup_logging(log_format, log_level.upper())
     cfg = _load(config, gpus, host, port)
-    report = plan_models(cfg, _inventory(cfg))
+    inventory = _inventory(cfg)
+    desired, report = _place(cfg, inventory)
     render_plan_table(report, err)
-    refused = {d.model: d.refusal for d in report.decisions if d.plan is None and d.refusal}
-    plans = []
-    for plan in report.plans:
-        problem = _engine_missing(plan)
-        if problem:
-            refused[plan.model] = problem
-        else:
-            plans.append(plan)
-    if not plans:
+    if not desired.plans:
         err.print("[red]error:[/red] no model could be placed; see the plan above")
         raise typer.Exit(1)
-    app = create_app(cfg, plans, refused=refused, placement=json.loads(report.model_dump_json()))
+    path = config or env_overrides().config or DEFAULT_CONFIG
+    overrides = EnvOverrides(host=cfg.server.host, port=cfg.server.port, gpus=cfg.gpus, config=None)
+
+    def planner() -> Desired:  # a reload: the same file, overrides and inventory as at start
+        return _place(load_config(path, overrides=overrides), inventory)[0]
+
+    app = create_app(
+        cfg, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
+        watch=path if watch_config else None,
+    )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -124,6 +130,23 @@ def serve(
     )
     logging.getLogger("voltgate").info("serving on http://%s:%s/v1", cfg.server.host, cfg.server.port)
     server.run()
+
+
+def _place(cfg: Config, inventory: Inventory) -> tuple[Desired, PlacementReport]:
+    """Place `cfg` on `inventory`: the plans to serve, the models refused (with why), the report."""
+    from gateway.placement import plan_models
+    from gateway.reload import Desired
+
+    report = plan_models(cfg, inventory)
+    refused = {d.model: d.refusal for d in report.decisions if d.plan is None and d.refusal}
+    plans = []
+    for plan in report.plans:
+        problem = _engine_missing(plan)
+        if problem:
+            refused[plan.model] = problem
+        else:
+            plans.append(plan)
+    return Desired(cfg, tuple(plans), refused, json.loads(report.model_dump_json())), report
 
 
 def _engine_missing(plan: object) -> str | None:

@@ -42,6 +42,15 @@ class Registry:
         for name in (deployment.name, *deployment.aliases):
             self._by_name[name] = deployment
 
+    def remove(self, name: str) -> Deployment | None:
+        """Take a deployment out (a config reload): its name and aliases stop resolving at once."""
+        deployment = self.deployments.pop(name, None)
+        if deployment is not None:
+            for key in (deployment.name, *deployment.aliases):
+                if self._by_name.get(key) is deployment:
+                    del self._by_name[key]
+        return deployment
+
     def resolve(self, model: str) -> Deployment:
         deployment = self._by_name.get(model)
         if deployment is not None:

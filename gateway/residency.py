@@ -1,30 +1,8 @@
 """Which models are in memory: pinned ones from boot, on-demand ones loaded by their first request,
 unloaded when idle, and evicted least recently used first when another needs the room.
 
-One on-demand model's life (`ModelState`):
-
-    UNLOADED ─request─▶ LOADING ─worker READY─▶ READY ─idle / evicted / admin─▶ DRAINING ─no requests─▶ UNLOADED
-        ▲                  │                      ▲                               │ drain bound passed:
-        │                  ▼ start failed,        └───────────────────────────────┘ back to READY, nothing killed
-        └── backoff ──── FAILED   no room         (a crash while READY is FAILED too)
-
-Pinned models (`load: always`) are started at boot and never unloaded; their worker's own supervisor
-restarts them, and their state here is their worker's. They hold memory in every decision. A request for a
-pinned model still booting or restarting waits for it as for an on-demand load (`load_wait_s`, SSE
-keep-alives); only a worker that gave up after a crash loop, or one shutting down, answers 503 at once.
-
-Contracts (callers never read a state to decide; every decision is made here):
-* `ensure_loaded(deployment)` returns a `Hold` once the model is READY: at once when it is, otherwise it
-  joins the one load in progress or starts it. Concurrent requests for a loading model wait on one load;
-  a failed load raises its reason in every waiter. A hold is granted in the same step the model becomes
-  READY, so a model just loaded cannot be evicted before its waiters use it.
-* A model with holds (requests admitted, queued for a slot or at the worker) is never stopped. To make
-  room, idle models go first, least recently used first; a busy one is drained (it takes no new holds, its
-  new requests wait for its next load) for at most `drain_timeout_s`, then left READY if still busy.
-* One memory change at a time: loads and unloads run one after another under one lock, so what is
-  measured before and after a load is that model's, and two loads never count on the same free bytes.
-* A failed load is remembered with its error and returned at once until its backoff (5 s doubling to
-  5 min) has passed; the next request after that tries again. An admin load tries at once.
+One on-demand model's life (`ModelState`), how pinned models differ, and the contracts below are drawn
+and written in docs/architecture.md, "Residency".
 """
 
 from __future__ import annotations
@@ -220,6 +198,29 @@ class Residency:
                 entry.failures = 0
             reason = entry.deployment.worker.last_error or "the worker exited"
             self._failed(entry, f"model {name!r} stopped while serving: {reason}")
+
+    # -- config reload (gateway.reload) -----------------------------------------------------------------
+    def adopt(self, deployment: Deployment, memory: ModelMemory | None) -> None:
+        """Take a deployment added by a reload: a fresh entry; a pinned one starts now."""
+        self._memory[deployment.name] = memory or ModelMemory()
+        self._entries[deployment.name] = Resident(deployment, self._memory[deployment.name])
+        self._publish(self._entries[deployment.name])
+        if deployment.load == "always":
+            deployment.worker.start()
+
+    async def retire(self, deployment: Deployment) -> None:
+        """A deployment a reload removed or replaced: its waiters are told, its holds end (up to
+        `drain_timeout_s`), then its worker stops."""
+        entry = self._entries.get(deployment.name)
+        if entry is not None and entry.deployment is deployment:
+            why = f"model {deployment.name!r} changed in a config reload; retry"
+            self._fail_pending(entry, lambda: GatewayError(ErrorCode.WORKER_UNAVAILABLE, why, retry_after_s=1))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(entry.idle.wait(), self._settings.drain_timeout_s)
+        async with self._lock:
+            await deployment.worker.stop(grace_s=STOP_GRACE_S)
+        if entry is not None and self._entries.get(deployment.name) is entry:
+            del self._entries[deployment.name]
 
     # -- admin ------------------------------------------------------------------------------------------
     async def load(self, deployment: Deployment) -> None:

@@ -3,6 +3,7 @@
     GET  /admin/models                 every model's state, memory (estimated, measured), last use, requests
     POST /admin/models/{name}/load     load it now (waits for the load; a remembered failure is retried)
     POST /admin/models/{name}/unload   unload it now (drains requests in flight up to server.drain_timeout_s)
+    POST /admin/reload                 re-read the config file and apply its model changes (gateway.reload)
 
 Who may call it: a key with `scopes: [admin]`. In open mode (no keys configured) only clients connecting
 from a loopback address, so a gateway bound to a LAN address without keys cannot be steered by anyone
@@ -72,3 +73,15 @@ async def unload_model(name: str, request: Request) -> JSONResponse:
     deployment = app.registry.resolve(name)
     await app.service.residency.unload(deployment)
     return JSONResponse(app.service.residency.describe(deployment))
+
+
+@router.post("/reload")
+async def reload_config(request: Request) -> JSONResponse:
+    """Added models placed and started, removed ones drained and stopped, changed ones restarted; a config
+    that does not load is refused (400) with the reason and the running one stays."""
+    app = authorize_admin(request)
+    app.check_accepting()
+    if app.reloader is None:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "this gateway was started without a config file to re-read")
+    result = await app.reloader.reload()
+    return JSONResponse(result.to_json())

@@ -12,6 +12,7 @@ from gateway.config import Config
 from gateway.deployments import Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
+from gateway.reload import Reloader
 from gateway.service import Service
 from gateway.store import ResponseStore
 
@@ -26,6 +27,7 @@ class AppContext:
     placement: dict[str, Any] = field(default_factory=dict)
     accepting: bool = True
     store: ResponseStore | None = None  # stored Responses (`store: true`); the lifespan opens and closes it
+    reloader: Reloader | None = None  # config reloads (`voltgate serve` sets it; an app built in a test may not)
 
     def check_accepting(self) -> None:
         if not self.accepting:
