@@ -235,7 +235,8 @@ async def test_non_finite_and_huge_number_literals_are_refused_or_served(
 HUGE_VALUES = [10**30, -(10**30), 1e308, -1e308, 2**63, 2**64 + 1, 0, -1, "", [], {}, None, True, "x" * 10_000]
 FIELDS = ["max_tokens", "max_completion_tokens", "max_output_tokens", "seed", "temperature", "top_p", "top_k", "n",
           "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "stream", "stop", "user", "dimensions",
-          "logit_bias", "stop_sequences", "metadata", "tool_choice", "tools", "input", "messages", "prompt"]  # fmt: skip
+          "logit_bias", "stop_sequences", "metadata", "tool_choice", "tools", "input", "messages",
+          "prompt"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", ROUTES)
