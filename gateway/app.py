@@ -132,7 +132,7 @@ def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
 
 def _install_middleware(app: FastAPI, config: Config, metrics: Metrics) -> None:
     """Outermost last: request id → error boundary → CORS → body limit → the routes."""
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes, render=_render_error)
     if config.server.cors_origins:  # browser frontends served from another origin
         app.add_middleware(
             CORSMiddleware,
@@ -202,13 +202,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
         message = {
             404: f"Unknown route: {request.method} {request.url.path}",
             405: f"Method {request.method} not allowed for {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
-        return error_response(GatewayError(code, message, status=exc.status_code))
+        return _render_error(request.url.path, GatewayError(code, message, status=exc.status_code))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

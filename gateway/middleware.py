@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import ANONYMOUS
-from gateway.errors import ErrorCode, GatewayError, error_response, internal_error
+from gateway.errors import ErrorCode, GatewayError, internal_error
 from gateway.metrics import Metrics
 from gateway.session import CONTEXT_KEY, RequestContext, account
 
@@ -56,11 +56,13 @@ class RequestIdMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over `max_bytes` with 413 (by Content-Length, and while reading chunked bodies)."""
+    """Refuse bodies over `max_bytes` with 413 (by Content-Length, in the route's API shape: `render`; and
+    while reading chunked bodies, raised for the route to render)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, render: Callable[[str, GatewayError], Response]) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.render = render
 
     def _too_large(self) -> GatewayError:
         return GatewayError(ErrorCode.BODY_TOO_LARGE, f"request body exceeds the {self.max_bytes}-byte limit")
@@ -71,7 +73,7 @@ class BodyLimitMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await error_response(self._too_large())(scope, receive, send)
+            await self.render(str(scope.get("path", "")), self._too_large())(scope, receive, send)
             return
         received = 0
 
