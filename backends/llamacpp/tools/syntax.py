@@ -20,6 +20,11 @@ from backends.llamacpp.tools.jsontext import INCOMPLETE, INVALID, compact, loads
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 _CALL_ID = re.compile(r"[A-Za-z0-9]+")
+# A forced call cut short: what every call grammar writes before the arguments (`grammar.py`), then the rest.
+_TRUNCATED_CALLS = (
+    re.compile(r'"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)\Z', re.DOTALL),
+    re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.:-]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\](.*)\Z", re.DOTALL),
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,19 @@ class CallSyntax(ABC):
     @abstractmethod
     def scan(self, text: str, names: Set[str], *, final: bool) -> Scan:
         """Read the call block at the start of `text` (which starts with an opener)."""
+
+    def truncated_call(self, text: str, names: Set[str]) -> ParsedCall | None:
+        """The call an unfinished block (`text`, from its opener) was writing when generation stopped: its
+        tool and its arguments so far, which are no complete JSON. None unless the tool's name is complete.
+
+        Only for output held to a call grammar (`tool_choice` "required" or a named tool): the grammar
+        writes the name before the arguments in every syntax, so a block cut by max_tokens is still a call
+        (OpenAI answers such a call with `finish_reason: "length"` and its arguments cut short, too)."""
+        for pattern in _TRUNCATED_CALLS:
+            found = pattern.search(text)
+            if found is not None and found.group(1) in names:
+                return ParsedCall(found.group(1), found.group(2).rstrip())
+        return None
 
 
 def parse_output(syntax: CallSyntax, text: str, names: Set[str]) -> ParsedOutput:
