@@ -110,8 +110,25 @@ def test_a_forced_call_cut_by_max_tokens_is_still_a_call(
         assert collect(pieces) == ("", [ParsedCall(name, arguments)]), chunks
 
 
-def test_a_forced_call_cut_inside_its_name_stays_text() -> None:
-    stream = ToolCallStream(HERMES, NAMES, forced=True)
+@pytest.mark.parametrize(
+    ("fmt", "text", "calls"),
+    [
+        (HERMES, '<tool_call>\n{"name": "get_wea', [ParsedCall("get_weather", "")]),  # one tool starts so
+        (MISTRAL_V11, "[TOOL_CALLS]get_we", [ParsedCall("get_weather", "")]),
+        (HERMES, '<tool_call>\n{"name": "get_', []),  # get_weather or get_time: no call, and no syntax as text
+        (HERMES, "<tool_call>\n{", []),
+        (HERMES, "<tool_c", []),
+    ],
+)
+def test_a_forced_call_cut_inside_its_name_is_its_tool_or_nothing(
+    fmt: ToolFormat, text: str, calls: list[ParsedCall]
+) -> None:
+    stream = ToolCallStream(fmt, NAMES, forced=True)
+    assert collect(stream.push(text) + stream.finish()) == ("", calls)
+
+
+def test_an_unforced_unfinished_call_is_still_given_back_as_text() -> None:
+    stream = ToolCallStream(HERMES, NAMES)
     assert stream.push('<tool_call>\n{"name": "get_wea') == []
     assert stream.finish() == [TextPiece('<tool_call>\n{"name": "get_wea')]
 

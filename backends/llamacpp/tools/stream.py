@@ -25,7 +25,8 @@ class ToolCallStream:
     that turns out malformed, names an unknown tool, or is still open at `finish`, is sent as plain text,
     and so is everything after it: unlike the one-shot parse, calls already sent stay sent. With `forced`
     (the output is held to a call grammar) a block still open at `finish` is generation cut short by
-    max_tokens: it is sent as a call with its arguments so far (`CallSyntax.truncated_call`). Not
+    max_tokens: it is sent as a call with its arguments so far (`CallSyntax.truncated_call`), or as nothing
+    when it stopped before a tool was known (the grammar's syntax is never the user's text). Not
     thread-safe: one stream per generated sequence.
 
     An open block is rescanned only when it may have just closed (see `_Closings`) or is still short, so
@@ -82,7 +83,9 @@ class ToolCallStream:
                     self._closings = _Closings()
                     self._may_be_complete = self._closings.feed(self._buffer)
                     continue
-                keep = 0 if final else self._syntax.partial_opener(self._buffer, at_start=at_start)
+                keep = self._syntax.partial_opener(self._buffer, at_start=at_start)
+                if final:  # the end: a held prefix of an opener is text, or (forced) a call's syntax cut short
+                    self._buffer, keep = (self._buffer[: len(self._buffer) - keep] if self._forced else self._buffer), 0
                 pieces += self._text(self._take(len(self._buffer) - keep))
                 break
         return pieces
@@ -96,13 +99,13 @@ class ToolCallStream:
             self._may_be_complete = False
             return False
         calls = scan.calls
-        if scan.status == "fail":
-            truncated = self._syntax.truncated_call(self._buffer, self._names) if final and self._forced else None
-            if truncated is None:
-                self._text_only, self._in_call = True, False
-                return True
-            calls = (truncated,)
+        if scan.status == "fail" and final and self._forced:  # cut by max_tokens: a call, never its syntax
+            truncated = self._syntax.truncated_call(self._buffer, self._names)
+            calls = (truncated,) if truncated is not None else ()
             scan = Scan("done", calls, len(self._buffer))
+        elif scan.status == "fail":
+            self._text_only, self._in_call = True, False
+            return True
         self._take(scan.end)
         self._in_call = False
         for call in calls:
