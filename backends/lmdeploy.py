@@ -99,6 +99,9 @@ class LMDeployAdapter:
                                       "schema": {"type": "object"}}}  # fmt: skip
         if not request.is_chat:
             out.pop("response_format", None)
+        if request.top_p == 0:  # OpenAI's minimum; TurboMind's GenerationConfig wants top_p > 0
+            out.pop("top_p")
+            out["top_k"] = 1  # the same rule: only the most likely token is kept
         if isinstance(request.tool_choice, NamedToolChoice):
             # LMDeploy 0.18 does not honour a named tool_choice (probed live: it answers in text), but it
             # enforces "required": offered only the named tool, "required" is the named choice.

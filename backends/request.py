@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 # -- bounds shared with the gateway's wire types ----------------------------------------------------------
 Temperature = Annotated[float, Field(ge=0, le=2)]
-TopP = Annotated[float, Field(gt=0, le=1)]
+TopP = Annotated[float, Field(ge=0, le=1)]  # 0: OpenAI's minimum, keeps only the most likely token
 TopK = Annotated[int, Field(ge=0)]
 MinP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineName
 from backends.llamacpp import LlamaCppAdapter
@@ -27,10 +27,10 @@ from gateway.admission import Admission
 from gateway.auth import KeyStore
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
-from gateway.errors import ErrorCode, GatewayError, error_response, internal_error
+from gateway.errors import ErrorCode, GatewayError, error_response
 from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
-from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from gateway.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
 from gateway.reload import Desired, Planner, Reloader
 from gateway.remote import RemoteEndpoint
@@ -40,6 +40,7 @@ from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
 from gateway.supervisor import WorkerProcess
+from gateway.translate.messages import anthropic_error_body
 from gateway.workers import Worker, WorkerState
 
 log = logging.getLogger("voltgate")
@@ -130,7 +131,7 @@ def create_app(
     app.include_router(admin.router)
     _install_error_handlers(app)
     install_openapi(app)
-    _install_middleware(app, config)
+    _install_middleware(app, config, metrics)
     return app
 
 
@@ -163,8 +164,9 @@ def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
         log.error("model %s not served: %s", name, reason)
 
 
-def _install_middleware(app: FastAPI, config: Config) -> None:
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
+def _install_middleware(app: FastAPI, config: Config, metrics: Metrics) -> None:
+    """Outermost last: request id → error boundary → CORS → body limit → the routes."""
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes, render=_render_error)
     if config.server.cors_origins:  # browser frontends served from another origin
         app.add_middleware(
             CORSMiddleware,
@@ -173,6 +175,7 @@ def _install_middleware(app: FastAPI, config: Config) -> None:
             allow_headers=["*"],
             expose_headers=["x-request-id", "openai-processing-ms", "retry-after"],
         )
+    app.add_middleware(ErrorBoundaryMiddleware, metrics=metrics, render=_render_error)
     app.add_middleware(RequestIdMiddleware)
 
 
@@ -234,13 +237,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
         message = {
             404: f"Unknown route: {request.method} {request.url.path}",
             405: f"Method {request.method} not allowed for {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
-        return error_response(GatewayError(code, message, status=exc.status_code))
+        return _render_error(request.url.path, GatewayError(code, message, status=exc.status_code))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -248,7 +251,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         param = ".".join(str(p) for p in first["loc"][1:]) or None
         return error_response(GatewayError(ErrorCode.INVALID_REQUEST, str(first["msg"]), param=param))
 
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return error_response(internal_error())
+    # Any other exception is a bug: `ErrorBoundaryMiddleware` answers it (not Starlette's ServerErrorMiddleware,
+    # which re-raises, so the server drops the connection and the answer has no x-request-id).
+
+
+def _render_error(path: str, error: GatewayError) -> Response:
+    """`error` in the API shape of the route at `path`: Anthropic's envelope on /v1/messages, else OpenAI's."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return JSONResponse(anthropic_error_body(error), status_code=error.status, headers=error.headers())
+    return error_response(error)

@@ -40,6 +40,7 @@ class Principal:
     in_flight: int = 0
     _requests: deque[float] = field(default_factory=deque)
     _tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    _token_total: int = 0  # the sum of `_tokens`' counts, kept as they come and go (never re-summed)
 
     def check_model(self, model: str, aliases: tuple[str, ...] = ()) -> None:
         if self.models and model not in self.models and not set(aliases) & set(self.models):
@@ -53,7 +54,7 @@ class Principal:
         while self._requests and now - self._requests[0] > 60:
             self._requests.popleft()
         while self._tokens and now - self._tokens[0][0] > 60:
-            self._tokens.popleft()
+            self._token_total -= self._tokens.popleft()[1]
         if self.max_concurrent is not None and self.in_flight >= self.max_concurrent:
             raise GatewayError(
                 ErrorCode.RATE_LIMITED,
@@ -66,19 +67,26 @@ class Principal:
                 f"key {self.key_id!r} exceeded {self.requests_per_minute} requests per minute",
                 retry_after_s=60 - (now - self._requests[0]),
             )
-        if self.tokens_per_minute is not None and sum(n for _, n in self._tokens) >= self.tokens_per_minute:
+        if self.tokens_per_minute is not None and self.tokens_in_window >= self.tokens_per_minute:
             raise GatewayError(
                 ErrorCode.RATE_LIMITED,
                 f"key {self.key_id!r} exceeded {self.tokens_per_minute} tokens per minute",
                 retry_after_s=60 - (now - self._tokens[0][0]),
             )
-        self._requests.append(now)
+        if self.requests_per_minute is not None:
+            self._requests.append(now)
         self.in_flight += 1
+
+    @property
+    def tokens_in_window(self) -> int:
+        """Tokens this key used in its last 60 s, as of its last `admit()` (O(1): a running total)."""
+        return self._token_total
 
     def done(self, tokens: int) -> None:
         self.in_flight -= 1
-        if tokens:
+        if tokens and self.tokens_per_minute is not None:  # a key without a token limit keeps no window
             self._tokens.append((time.monotonic(), tokens))
+            self._token_total += tokens
 
 
 def presented_key(authorization: str | None, api_key: str | None = None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -95,6 +96,7 @@ def serve(
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.connections import ClientConnections, server_options
     from gateway.logs import setup_logging
     from gateway.placement import render_plan_table
 
@@ -116,6 +118,8 @@ def serve(
         cfg, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
         watch=path if watch_config else None,
     )  # fmt: skip
+    _raise_open_file_limit()
+    connections = ClientConnections(cfg.server.max_connections_per_client, cfg.server.header_timeout_s)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -125,7 +129,7 @@ def serve(
             access_log=False,
             # 0 means no grace at all (uvicorn's None would mean wait forever).
             timeout_graceful_shutdown=math.ceil(cfg.server.shutdown_grace_s),
-            timeout_keep_alive=30,
+            **server_options(connections, cfg.server.idle_timeout_s),
         )
     )
     logging.getLogger("voltgate").info("serving on http://%s:%s/v1", cfg.server.host, cfg.server.port)
@@ -149,6 +153,18 @@ def _place(cfg: Config, inventory: Inventory) -> tuple[Desired, PlacementReport]
     return Desired(cfg, tuple(plans), refused, json.loads(report.model_dump_json())), report
 
 
+def _raise_open_file_limit() -> None:
+    """Lift the soft limit on open descriptors to the hard one (as Go's runtime does): 1,024 is a common soft
+    limit, and every client connection and worker connection holds one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def _engine_missing(plan: object) -> str | None:
     from backends.base import DeploymentPlan, EngineName
     from backends.lmdeploy import LMDeployNotInstalled, find_lmdeploy
@@ -168,7 +184,8 @@ def plan(
     gpus: GpusOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options)."""
+    """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options).
+    Exits 1 when no model can be placed, as `serve` would."""
     from gateway.placement import plan_models, render_plan_table
 
     cfg = _load(config, gpus)
@@ -177,6 +194,9 @@ def plan(
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
         render_plan_table(report, Console())
+    if not report.plans:
+        err.print("[red]error:[/red] no model could be placed; `voltgate serve` would exit too")
+        raise typer.Exit(1)
 
 
 @cli.command()

@@ -101,6 +101,15 @@ class ServerSettings(_Spec):
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")
     keepalive_interval_s: float = Field(default=10.0, gt=0, description="SSE comment while a request waits")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a connection whose request headers are not complete this long is closed"
+    )
+    idle_timeout_s: float = Field(
+        default=30.0, gt=0, description="an idle keep-alive connection (no request in flight) is closed after this"
+    )
+    max_connections_per_client: int | None = Field(
+        default=256, ge=1, description="open connections one client address may hold; more are refused (null: no limit)"
+    )
     log_prompts: bool = False
     cors_origins: tuple[str, ...] = ()
     memory_budget_bytes: int | None = Field(

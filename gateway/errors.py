@@ -103,6 +103,7 @@ class GatewayError(Exception):
         retry_after_s: float | None = None,
         status: int | None = None,
     ) -> None:
+        message, param = _encodable(message), (_encodable(param) if param is not None else None)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -131,6 +132,16 @@ class GatewayError(Exception):
         if self.code in NEVER_RETRY:
             headers["x-should-retry"] = "false"
         return headers
+
+
+def _encodable(text: str) -> str:
+    """`text` as valid Unicode: a message or parameter path that quotes a client's lone surrogate (`\udfff`)
+    gets it as that escape, so that the error body can always be encoded."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def error_response(error: GatewayError) -> JSONResponse:

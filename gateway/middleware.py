@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ErrorCode, GatewayError, error_response
+from gateway.auth import ANONYMOUS
+from gateway.errors import ErrorCode, GatewayError, internal_error
+from gateway.metrics import Metrics
+from gateway.session import CONTEXT_KEY, RequestContext, account
+
+log = logging.getLogger("voltgate")
+
+ENDPOINTS = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding",
+    "/v1/rerank": "rerank", "/v1/reranking": "rerank", "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens", "/v1/models": "models",
+}  # fmt: skip
+"""The endpoint label of a path (bounded: every other path is counted under its first two segments)."""
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -40,11 +56,13 @@ class RequestIdMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over `max_bytes` with 413 (by Content-Length, and while reading chunked bodies)."""
+    """Refuse bodies over `max_bytes` with 413 (by Content-Length, in the route's API shape: `render`; and
+    while reading chunked bodies, raised for the route to render)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, render: Callable[[str, GatewayError], Response]) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.render = render
 
     def _too_large(self) -> GatewayError:
         return GatewayError(ErrorCode.BODY_TOO_LARGE, f"request body exceeds the {self.max_bytes}-byte limit")
@@ -55,7 +73,7 @@ class BodyLimitMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await error_response(self._too_large())(scope, receive, send)
+            await self.render(str(scope.get("path", "")), self._too_large())(scope, receive, send)
             return
         received = 0
 
@@ -69,3 +87,60 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+def endpoint_label(path: str) -> str:
+    if path in ENDPOINTS:
+        return ENDPOINTS[path]
+    if path.startswith("/v1/responses"):
+        return "responses"
+    if path.startswith("/v1/models/"):
+        return "models"
+    return "admin" if path.startswith("/admin") else "other"
+
+
+class ErrorBoundaryMiddleware:
+    """The one place an unexpected exception (a bug: anything but a `GatewayError`, which the routes render)
+    becomes an answer, for every route and whatever raised it, body parsing included.
+
+    Before the response has started: a 500 in the route's API shape (`render(path, error)`: OpenAI's
+    envelope, Anthropic's on /v1/messages), which `RequestIdMiddleware` (outside this one) gives its
+    `x-request-id`; the request is counted and gets its access-log line unless its route accounted it
+    already; the exception is logged with its traceback. The exception is not re-raised, so the server keeps
+    the keep-alive connection usable. After the response has started (a stream): the body is ended, so the
+    client sees the end of a chunked response rather than a reset connection.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, render: Callable[[str, GatewayError], Response]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started_at, response_started = time.monotonic(), False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            path = str(scope.get("path", ""))
+            log.exception("unhandled error on %s %s", scope.get("method"), path)
+            if response_started:
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            state = scope.setdefault("state", {})
+            ctx = state.get(CONTEXT_KEY)
+            if not isinstance(ctx, RequestContext):
+                request_id = str(state.get("request_id", "-"))
+                ctx = RequestContext(request_id, ANONYMOUS, started_at, api=endpoint_label(path))
+            if not ctx.accounted:
+                account(self.metrics, ctx, "unknown", 500, None)
+            await self.render(path, internal_error())(scope, receive, send)

@@ -39,12 +39,21 @@ class StreamStats:
     last_chunk_at: float | None = None
     inter_chunk_s: list[float] = field(default_factory=list)
     chunks: int = 0
+    chunks_before_content: int = 0  # of `chunks`, those relayed before the first content (role chunks)
     prompt_tokens: int | None = None
     cached_tokens: int = 0  # of the prompt, served from the engine's prefix cache (when it says so)
     completion_tokens: int | None = None
     finish_reason: str | None = None
     error: GatewayError | None = None
     completed: bool = False
+
+    @property
+    def content_chunks(self) -> int:
+        """Chunks relayed from the first content on: the generated tokens of a stream cut short before its
+        usage frame (the llama.cpp worker and LMDeploy stream one token a chunk; a character spread over
+        several tokens, or a tool call, arrives in fewer chunks, so this can undercount, never overcount by
+        more than the finish chunk)."""
+        return self.chunks - self.chunks_before_content if self.first_content_at is not None else 0
 
 
 def upstream_error_to_gateway(err: UpstreamError) -> GatewayError:
@@ -142,6 +151,7 @@ def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[byt
     now = time.monotonic()
     if stats.first_content_at is None and _carries_content(run):
         stats.first_content_at = now
+        stats.chunks_before_content = stats.chunks
     if not (
         run.startswith(b":") or b"\n\n:" in run or b'"usage"' in run or b'"finish_reason":"' in run
         or b'"finish_reason": "' in run

@@ -39,6 +39,9 @@ GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
 PROGRESS_INTERVAL_S = 1.0
 """With progress chunks on, how often a stream waiting for a load hears where it stands."""
+CONTEXT_KEY = "voltgate_request"
+"""Where a route keeps its `RequestContext` in the ASGI scope's state, so that `ErrorBoundaryMiddleware`
+accounts a request that failed unexpectedly exactly once (not again when the route already did)."""
 
 
 @dataclass
@@ -49,10 +52,13 @@ class RequestContext:
     kind: RequestKind = RequestKind.CHAT
     prompt: Any = None  # what the client sent, kept only when `server.log_prompts` is on
     api: str | None = None  # a translated API riding on `kind` ("responses", "messages"): the endpoint label
+    accounted: bool = False  # its access-log line is written (`account`): at most one per request
+    counted_chunks: bool = False  # a stream cut short before its usage frame: its chunks counted as tokens
 
 
 def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, tokens: tuple[int, int] | None) -> None:
     """Count a request and write its one access-log line (every request that reached a route)."""
+    ctx.accounted = True
     endpoint = ctx.api or ctx.kind.value
     metrics.requests.labels(model, endpoint, str(status)).inc()
     access_log.info(
@@ -63,8 +69,9 @@ def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, toke
                 "endpoint": endpoint,
                 "key_id": ctx.principal.key_id if ctx.principal else None,
                 "status": status,
-                "prompt_tokens": tokens[0] if tokens else None,
+                "prompt_tokens": tokens[0] if tokens and not ctx.counted_chunks else None,
                 "completion_tokens": tokens[1] if tokens else None,
+                **({"tokens_from": "chunks"} if ctx.counted_chunks and tokens else {}),
                 "latency_ms": round((time.monotonic() - ctx.started) * 1000, 1),
                 **({"prompt": ctx.prompt} if ctx.prompt is not None else {}),
             }
@@ -378,6 +385,12 @@ class StreamSession:
         return self._status
 
     def _tokens(self) -> tuple[int, int] | None:
-        if self.stats.completion_tokens is None:
+        """The usage frame's counts; a stream that ended before it (the client went away, the worker broke)
+        counts the content chunks it relayed as its generated tokens (prompt tokens unknown: 0 in the metrics,
+        null in the access-log line, which says `"tokens_from": "chunks"`)."""
+        if self.stats.completion_tokens is not None:
+            return (self.stats.prompt_tokens or 0, self.stats.completion_tokens)
+        if not self.stats.chunks:
             return None
-        return (self.stats.prompt_tokens or 0, self.stats.completion_tokens)
+        self.scope.ctx.counted_chunks = True
+        return (0, self.stats.content_chunks)

@@ -288,6 +288,7 @@ class WorkerProcess:
     async def _launch_and_wait_ready(self) -> None:
         self.port = pick_free_port(self._host)
         spec = self._spec_for_port(self.port)
+        self.log_tail.clear()  # a failed start quotes this process's lines, never an earlier one's
         self._set_state(WorkerState.STARTING)
         env = {**os.environ, **spec.env}
         log.info("worker %s: starting %s", self.name, " ".join(spec.argv))
@@ -344,7 +345,8 @@ class WorkerProcess:
             line = raw.decode("utf-8", "replace").rstrip()
             if not line:
                 continue
-            self.log_tail.append(line)
+            if proc is self._proc:  # a replaced process still draining its pipe says nothing about the new one
+                self.log_tail.append(line)
             worker_log.info("%s", line)
             if not fatal_hit.done() and any(p.search(line) for p in fatal):
                 fatal_hit.set_result(line)

@@ -23,8 +23,10 @@ ARGUMENT_FRAGMENT_CHARS = 48
 
 
 class ChatOutput:
-    def __init__(self, fmt: ToolFormat | None, tool_names: tuple[str, ...]) -> None:
-        self._stream = ToolCallStream(fmt, tool_names) if fmt is not None and tool_names else None
+    def __init__(self, fmt: ToolFormat | None, tool_names: tuple[str, ...], *, forced: bool = False) -> None:
+        """`forced`: the output is held to a call grammar (`tool_choice` "required" or a named tool), so
+        it is a call even when max_tokens cuts it short (`ToolCallStream`)."""
+        self._stream = ToolCallStream(fmt, tool_names, forced=forced) if fmt is not None and tool_names else None
         self._seen: set[tuple[str, str]] = set()
         self.calls = 0
         self.done = False

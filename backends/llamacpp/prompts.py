@@ -34,6 +34,7 @@ class Prepared:
     tool_names: tuple[str, ...] = ()
     shown_specials: frozenset[int] = frozenset()
     grammar_triggers: tuple[str, ...] = ()
+    forced_call: bool = False  # `grammar` forces a call (tool_choice "required" or a named tool)
 
 
 class PromptBuilder:
@@ -86,12 +87,13 @@ class PromptBuilder:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
         parallel = request.parallel_tool_calls is not False
         triggers: tuple[str, ...] = ()
-        if request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice):
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+        if forced:
             grammar = fmt.grammar(tools, parallel=parallel)
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
             grammar, triggers = fmt.lazy_grammar(tools, parallel)
         names = tuple(t.function.name for t in tools)
-        return Prepared(tokens, grammar, fmt, names, self._specials, triggers)
+        return Prepared(tokens, grammar, fmt, names, self._specials, triggers, forced_call=forced)
 
     def _tokens(self, text: str, add_bos: bool) -> list[int]:
         tokens = self._model.tokenize(text, add_special=add_bos)

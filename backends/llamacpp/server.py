@@ -272,7 +272,12 @@ class _Routes:
             return _error(exc)
         render = Renderer(kind, request_id, int(time.time()), self.spec.model_name)
         choices = [
-            Choice(i, t, ChatOutput(prepared.tool_format, prepared.tool_names), engine_request.logprobs)
+            Choice(
+                i,
+                t,
+                ChatOutput(prepared.tool_format, prepared.tool_names, forced=prepared.forced_call),
+                engine_request.logprobs,
+            )
             for i, t in enumerate(tickets)
         ]
         if engine_request.stream:

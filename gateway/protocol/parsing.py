@@ -7,12 +7,12 @@ client sees its own parameter path (`messages[0].content[1].type`, or Anthropic'
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol, Self, TypeVar
 
 from pydantic import ValidationError
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.json_body import load_json
 
 
 class _Request(Protocol):
@@ -71,12 +71,10 @@ def validation_error(exc: ValidationError, *, dotted: bool = False) -> GatewayEr
 
 
 def parse_body(raw: bytes, model_type: type[R], *, dotted: bool = False) -> R:
-    """Decode and validate `raw`, then refuse the first `unsupported()` feature, each as a 400 `GatewayError`
-    naming the parameter (`dotted` paths for Anthropic's API)."""
-    try:
-        data: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(ErrorCode.INVALID_JSON, f"request body is not valid JSON: {exc}") from None
+    """Decode `raw` (`gateway.protocol.json_body`: no NaN, no lone surrogate, bounded depth), validate it,
+    then refuse the first `unsupported()` feature, each as a 400 `GatewayError` naming the parameter
+    (`dotted` paths for Anthropic's API)."""
+    data = load_json(raw, dotted=dotted)
     if not isinstance(data, dict):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
     try:

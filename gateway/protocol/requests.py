@@ -167,6 +167,11 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {STOP_LIMIT} stop sequences")
         return stop
 
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _null_stream(cls, value: Any) -> Any:
+        return False if value is None else value  # OpenAI's schema allows `"stream": null`: not streamed
+
     @field_validator("stream_options")
     @classmethod
     def _stream_options_need_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:

@@ -22,10 +22,11 @@ class Refused(BaseModel):
 
 
 def type_tag(known: frozenset[str], default: str | None = None) -> Any:
-    """A discriminator: the object's `type` when it is one we model, else "other" (a `Refused` member)."""
+    """A discriminator: the object's `type` when it is one we model, else "other" (a `Refused` member, whose
+    `type: str` then refuses a `type` that is no string, an object or a list say, with a 400 naming it)."""
 
     def tag(value: Any) -> str:
         kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return kind if kind in known else "other"
+        return kind if isinstance(kind, str) and kind in known else "other"
 
     return Discriminator(tag)

@@ -17,6 +17,7 @@ from gateway.protocol.rerank import RerankRequest, parse_rerank_request
 from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.context import AppContext, app_context
 from gateway.service import RequestContext, StreamSession, UnaryResult
+from gateway.session import CONTEXT_KEY
 
 router = APIRouter()
 
@@ -36,7 +37,7 @@ def model_hint(raw: bytes) -> str | None:
     """The `model` a refused body named, for its access-log line and metric (never trusted otherwise)."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
@@ -59,6 +60,7 @@ async def begin(
     app: AppContext = app_context(request)
     ctx = RequestContext(request_id=request.state.request_id, principal=ANONYMOUS, started=time.monotonic(),
                          kind=kind, api=api)  # fmt: skip
+    request.scope.setdefault("state", {})[CONTEXT_KEY] = ctx  # accounted once, even by the error boundary
     raw = b""
     try:
         raw = await request.body()

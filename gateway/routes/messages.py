@@ -16,7 +16,6 @@ error envelope in particular), and Anthropic publishes its own.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -24,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error
+from gateway.errors import STATUS, ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.inference import begin, model_hint, render
@@ -32,7 +31,6 @@ from gateway.service import StreamSession, UnaryResult
 from gateway.translate import MessagesStream, encode_events, messages, new_id, parse_body
 from gateway.translate.params import MESSAGES, chat_request, renamed
 
-log = logging.getLogger("voltgate")
 router = APIRouter()
 
 R = TypeVar("R", MessagesRequest, CountTokensRequest)
@@ -44,14 +42,12 @@ def _error(exc: GatewayError) -> JSONResponse:
 
 
 async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
-    """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope."""
+    """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope (any
+    other exception is a bug, answered by `gateway.middleware.ErrorBoundaryMiddleware` in the same envelope)."""
     try:
         return await handle()
     except GatewayError as exc:
         return _error(exc)
-    except Exception:
-        log.exception("unhandled error")
-        return _error(internal_error())
 
 
 def _status(error: dict[str, Any]) -> int:

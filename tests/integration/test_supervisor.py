@@ -101,6 +101,32 @@ async def test_exit_during_start_reports_the_workers_last_log_lines() -> None:
             await worker.stop()
 
 
+async def test_a_failed_start_quotes_only_its_own_processs_log_lines() -> None:
+    """The first process logs a line of its own and crashes; the restart fails: its error quotes the new
+    process, never the lines of the one before."""
+    launches: list[int] = []
+
+    def spec(port: int) -> LaunchSpec:
+        launches.append(port)
+        if len(launches) == 1:
+            return fake("--log-line", "a line of the first process", "--crash-after", "1")(port)
+        return fake("--exit-at-start", "7")(port)
+
+    async with httpx.AsyncClient() as client:
+        worker = WorkerProcess("m", spec, client=client)
+        worker.start()
+        try:
+            assert await worker.wait_ready(20)
+            await wait_for(lambda: "a line of the first process" in worker.log_tail)
+            with pytest.raises(httpx.HTTPError):
+                await client.post(worker.base_url() + "/v1/chat/completions", json={"model": "m"})
+            await wait_for(lambda: "exited with code 7" in (worker.last_error or ""))
+            assert "failed to load model" in (worker.last_error or "")
+            assert "first process" not in (worker.last_error or ""), worker.last_error
+        finally:
+            await worker.stop()
+
+
 async def test_repeating_out_of_memory_line_fails_the_start_at_once() -> None:
     async with httpx.AsyncClient() as client:
         worker = WorkerProcess(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -155,6 +156,45 @@ def test_tokens_per_minute_counts_finished_requests() -> None:
     with pytest.raises(GatewayError) as info:
         principal.admit()
     assert info.value.status == 429 and 1 <= retry_after(info.value) <= 60
+
+
+class UnsummableDeque(deque[tuple[float, int]]):
+    """The token window's deque, refusing to be walked: the window's total must be kept, not re-summed."""
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        raise AssertionError("the token window was summed")
+
+
+def test_the_token_window_total_is_kept_incrementally_as_tokens_come_and_expire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("gateway.auth.time.monotonic", lambda: now[0])
+    principal = Principal("alice", tokens_per_minute=100)
+    principal._tokens = UnsummableDeque()
+    for used, at in ((30, 0.0), (40, 20.0), (20, 40.0)):
+        now[0] = 1000.0 + at
+        principal.admit()
+        principal.done(used)
+    assert principal.tokens_in_window == 90
+    now[0] = 1061.0  # the first 30 tokens are older than 60 s
+    principal.admit()
+    assert principal.tokens_in_window == 60
+    principal.done(45)  # 105 in the window: the next request waits for the 40 of t=20 to expire
+    with pytest.raises(GatewayError) as info:
+        principal.admit()
+    assert 1 <= retry_after(info.value) <= 60
+    now[0] = 1081.0
+    principal.admit()
+    assert principal.tokens_in_window == 65
+
+
+def test_a_key_without_limits_keeps_no_window() -> None:
+    principal = Principal("bob")
+    for _ in range(1000):
+        principal.admit()
+        principal.done(50)
+    assert not principal._tokens and not principal._requests and principal.tokens_in_window == 0
 
 
 def test_refused_request_does_not_count_against_the_key() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,18 @@ def test_good_layouts_still_load(tmp_path: Path, gpus: str) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f"gpus: '{gpus}'\n" + MODEL)
     assert load_config(config).gpus == gpus
+
+
+@pytest.mark.parametrize("args", [(), ("--json",)])
+def test_plan_exits_1_when_every_model_is_refused_as_serve_does(tmp_path: Path, args: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, ["plan", "--config", str(write(tmp_path, "gpus: none\n" + MODEL)), *args])
+    assert result.exit_code == 1, result.output
+    assert "no model could be placed" in result.output and "Traceback" not in result.output
+    if args:
+        assert json.loads(result.stdout)["decisions"][0]["plan"] is None  # the report is still printed whole
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    config = tmp_path / "voltgate.yaml"
+    config.write_text(text)
+    return config

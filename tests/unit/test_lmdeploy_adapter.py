@@ -215,3 +215,12 @@ def test_a_named_tool_choice_becomes_required_over_that_tool_alone() -> None:
     out = LMDeployAdapter().translate_request(request)
     assert out["tool_choice"] == "required"
     assert [t["function"]["name"] for t in out["tools"]] == ["b"]
+
+
+def test_top_p_zero_becomes_top_k_one_for_turbomind() -> None:
+    """OpenAI's minimum top_p is 0 (only the most likely token); TurboMind wants top_p > 0: same rule, as top_k."""
+    request = EngineRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0})
+    out = LMDeployAdapter().translate_request(request)
+    assert "top_p" not in out and out["top_k"] == 1
+    kept = LMDeployAdapter().translate_request(request.model_copy(update={"top_p": 0.5}))
+    assert kept["top_p"] == 0.5 and "top_k" not in kept

@@ -35,7 +35,7 @@ def reject(body: object, model_type: type = ChatCompletionRequest) -> GatewayErr
         ({"model": "m", "messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"model": "m", "messages": USER, "temperature": 3}, "temperature"),
         ({"model": "m", "messages": USER, "temperature": "hot"}, "temperature"),
-        ({"model": "m", "messages": USER, "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": USER, "top_p": -0.1}, "top_p"),
         ({"model": "m", "messages": USER, "presence_penalty": -3}, "presence_penalty"),
         ({"model": "m", "messages": USER, "stop": [str(i) for i in range(17)]}, "stop"),
         ({"model": "m", "messages": USER, "repetition_penalty": 20}, "repetition_penalty"),

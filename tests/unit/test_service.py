@@ -24,7 +24,7 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.relay import StreamStats
+from gateway.relay import StreamStats, _relay_run
 from gateway.service import RequestContext, Service, StreamSession, Translate, UnaryResult
 from gateway.session import RequestScope
 from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
@@ -237,3 +237,28 @@ def test_a_streams_ttft_and_decode_speed_start_at_its_first_generated_token() ->
     (sample,) = h.metrics.live.samples("smol")
     assert sample.decode_tok_s == pytest.approx(10 / 1.0)  # 10 tokens after the first in 1 s
     assert sample.ttft_s == pytest.approx(0.5, abs=0.05)  # from its admission, just after t0
+
+
+async def test_a_stream_the_client_leaves_is_a_499_whose_access_line_counts_its_chunks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness()
+    caplog.set_level(logging.INFO, logger="voltgate.access")
+    session = await h.call({"model": "smol", "messages": USER, "stream": True})
+    assert isinstance(session, StreamSession)
+
+    def frame(delta: dict[str, object]) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}).encode()
+
+    # What the relay saw before the client left: the role chunk, then five content chunks (two in one read).
+    runs = [frame({"role": "assistant", "content": ""}) + b"\n\n", *(frame({"content": f"t{i}"}) + b"\n\n"
+            for i in range(3)), (frame({"content": "t3"}) + b"\n\n") * 2]  # fmt: skip
+    for run in runs:
+        _relay_run(run, session.stats, include_usage=False)
+    await session.close()
+    assert h.count(499) == 1
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "voltgate.access"]
+    assert [line["status"] for line in lines] == [499]
+    assert lines[0]["completion_tokens"] == 5 and lines[0]["tokens_from"] == "chunks"
+    assert lines[0]["prompt_tokens"] is None  # unknown: the usage frame never came
+    assert h.metrics.registry.get_sample_value("voltgate:generation_tokens_total", {"model": "smol"}) == 5

@@ -88,6 +88,51 @@ def test_an_unfinished_call_comes_back_as_the_raw_text_at_finish() -> None:
     assert stream.finish() == [TextPiece('<tool_call>\n{"name": "get_weather", "arguments": {"ci')]
 
 
+@pytest.mark.parametrize(
+    ("fmt", "text", "name", "arguments"),
+    [
+        (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris and a long', "get_weather",
+         '{"city": "Paris and a long'),
+        (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool', "get_weather",
+         '{"city":"Oslo"}'),  # complete JSON, cut in the closing tag: a finished call
+        (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": ', "get_weather", ""),
+        (LLAMA3, '{"name": "get_time", "parameters": {"tz": "Europe/Os', "get_time", '{"tz": "Europe/Os'),
+        (MISTRAL_V11, '[TOOL_CALLS]get_weather[ARGS]{"city": "Os', "get_weather", '{"city": "Os'),
+    ],
+)  # fmt: skip
+def test_a_forced_call_cut_by_max_tokens_is_still_a_call(
+    fmt: ToolFormat, text: str, name: str, arguments: str
+) -> None:
+    """Output held to a call grammar is a call however short it was cut: its arguments so far, never text."""
+    for chunks in ([text], list(text)):
+        stream = ToolCallStream(fmt, NAMES, forced=True)
+        pieces = [p for chunk in chunks for p in stream.push(chunk)] + stream.finish()
+        assert collect(pieces) == ("", [ParsedCall(name, arguments)]), chunks
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "calls"),
+    [
+        (HERMES, '<tool_call>\n{"name": "get_wea', [ParsedCall("get_weather", "")]),  # one tool starts so
+        (MISTRAL_V11, "[TOOL_CALLS]get_we", [ParsedCall("get_weather", "")]),
+        (HERMES, '<tool_call>\n{"name": "get_', []),  # get_weather or get_time: no call, and no syntax as text
+        (HERMES, "<tool_call>\n{", []),
+        (HERMES, "<tool_c", []),
+    ],
+)
+def test_a_forced_call_cut_inside_its_name_is_its_tool_or_nothing(
+    fmt: ToolFormat, text: str, calls: list[ParsedCall]
+) -> None:
+    stream = ToolCallStream(fmt, NAMES, forced=True)
+    assert collect(stream.push(text) + stream.finish()) == ("", calls)
+
+
+def test_an_unforced_unfinished_call_is_still_given_back_as_text() -> None:
+    stream = ToolCallStream(HERMES, NAMES)
+    assert stream.push('<tool_call>\n{"name": "get_wea') == []
+    assert stream.finish() == [TextPiece('<tool_call>\n{"name": "get_wea')]
+
+
 def test_a_malformed_call_turns_the_rest_into_text_but_sent_calls_stay() -> None:
     text = (
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'

@@ -30,8 +30,24 @@ class SchemaGrammarError(Exception):
     """A JSON schema the converter cannot express (an unknown keyword or type, a remote `$ref`, ...)."""
 
 
+_LAX_CHAR = _converter_module.PRIMITIVE_RULES["char"].content
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+"""A character of a JSON string, as llama.cpp's own json-schema-to-grammar has it: no raw control character.
+llama-cpp-python's port allows any but `"` and `\\`, so a model could write a raw newline inside a string:
+no JSON, and a forced tool call that no parser can read (issue 26)."""
+
+
 def _new_converter() -> Any:
     return _converter_module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _format(converter: Any) -> str:
+    """The converter's grammar, its string characters held to JSON's rule (`_JSON_CHAR`)."""
+    rules: dict[str, str] = converter._rules
+    for name, rule in rules.items():
+        if rule == _LAX_CHAR:
+            rules[name] = _JSON_CHAR
+    return str(converter.format_grammar())
 
 
 def _visit(converter: Any, schema: dict[str, Any], name: str) -> str:
@@ -46,7 +62,7 @@ def schema_grammar(schema: dict[str, Any]) -> str:
         _visit(converter, schema, "")
     except _CONVERSION_ERRORS as exc:
         raise SchemaGrammarError(f"the JSON schema cannot be enforced: {exc or type(exc).__name__}") from exc
-    return str(converter.format_grammar())
+    return _format(converter)
 
 
 def literal(text: str) -> str:
@@ -99,7 +115,7 @@ class ToolRules:
         return _visit(self._converter, schema, name)
 
     def text(self) -> str:
-        return str(self._converter.format_grammar())
+        return _format(self._converter)
 
 
 def _call_object(name: str, key: str, arguments_rule: str) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from backends.llamacpp.tools.calls import CallArguments, CallStart, StreamPiece, TextPiece, new_call_id
+from backends.llamacpp.tools.syntax import Scan
 
 if TYPE_CHECKING:
     from backends.llamacpp.tools.formats import ToolFormat
@@ -22,7 +23,10 @@ class ToolCallStream:
     Once an opener appears, text is buffered until the call block is complete, then it comes out as a
     `CallStart` (a fresh id) followed by `CallArguments` whose fragments join to the arguments JSON. A block
     that turns out malformed, names an unknown tool, or is still open at `finish`, is sent as plain text,
-    and so is everything after it: unlike the one-shot parse, calls already sent stay sent. Not
+    and so is everything after it: unlike the one-shot parse, calls already sent stay sent. With `forced`
+    (the output is held to a call grammar) a block still open at `finish` is generation cut short by
+    max_tokens: it is sent as a call with its arguments so far (`CallSyntax.truncated_call`), or as nothing
+    when it stopped before a tool was known (the grammar's syntax is never the user's text). Not
     thread-safe: one stream per generated sequence.
 
     An open block is rescanned only when it may have just closed (see `_Closings`) or is still short, so
@@ -33,8 +37,9 @@ class ToolCallStream:
     """Below this many characters an open block is rescanned on every push, so that a block that is no call
     ("<tool_call> is a tag") is given back as text promptly."""
 
-    def __init__(self, fmt: ToolFormat, tool_names: Iterable[str]) -> None:
+    def __init__(self, fmt: ToolFormat, tool_names: Iterable[str], *, forced: bool = False) -> None:
         self._syntax = fmt.syntax
+        self._forced = forced  # held to a call grammar: a block cut short at the end is still a call
         self._names = frozenset(tool_names)
         self._buffer = ""
         self._in_call = False
@@ -78,7 +83,9 @@ class ToolCallStream:
                     self._closings = _Closings()
                     self._may_be_complete = self._closings.feed(self._buffer)
                     continue
-                keep = 0 if final else self._syntax.partial_opener(self._buffer, at_start=at_start)
+                keep = self._syntax.partial_opener(self._buffer, at_start=at_start)
+                if final:  # the end: a held prefix of an opener is text, or (forced) a call's syntax cut short
+                    self._buffer, keep = (self._buffer[: len(self._buffer) - keep] if self._forced else self._buffer), 0
                 pieces += self._text(self._take(len(self._buffer) - keep))
                 break
         return pieces
@@ -91,12 +98,17 @@ class ToolCallStream:
         if scan.status == "more":
             self._may_be_complete = False
             return False
-        if scan.status == "fail":
+        calls = scan.calls
+        if scan.status == "fail" and final and self._forced:  # cut by max_tokens: a call, never its syntax
+            truncated = self._syntax.truncated_call(self._buffer, self._names)
+            calls = (truncated,) if truncated is not None else ()
+            scan = Scan("done", calls, len(self._buffer))
+        elif scan.status == "fail":
             self._text_only, self._in_call = True, False
             return True
         self._take(scan.end)
         self._in_call = False
-        for call in scan.calls:
+        for call in calls:
             pieces.append(CallStart(self._calls, new_call_id(), call.name))
             pieces.append(CallArguments(self._calls, call.arguments))
             self._calls += 1

@@ -20,6 +20,13 @@ from backends.llamacpp.tools.jsontext import INCOMPLETE, INVALID, compact, loads
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 _CALL_ID = re.compile(r"[A-Za-z0-9]+")
+# A forced call cut short: what every call grammar writes before the arguments (`grammar.py`), then the rest;
+# or cut inside the tool's name.
+_TRUNCATED_CALLS = (
+    re.compile(r'"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)\Z', re.DOTALL),
+    re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.:-]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\](.*)\Z", re.DOTALL),
+)
+_TRUNCATED_NAMES = (re.compile(r'"name"\s*:\s*"([^"\\]*)\Z'), re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.:-]*)\Z"))
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,25 @@ class CallSyntax(ABC):
     @abstractmethod
     def scan(self, text: str, names: Set[str], *, final: bool) -> Scan:
         """Read the call block at the start of `text` (which starts with an opener)."""
+
+    def truncated_call(self, text: str, names: Set[str]) -> ParsedCall | None:
+        """The call an unfinished block (`text`, from its opener) was writing when generation stopped: its
+        tool and its arguments so far, which are no complete JSON (`""` when it stopped before them, and
+        inside the name the one tool whose name starts so). None when no single tool is known yet.
+
+        Only for output held to a call grammar (`tool_choice` "required" or a named tool): the grammar
+        writes the name before the arguments in every syntax, so a block cut by max_tokens is still a call
+        (OpenAI answers such a call with `finish_reason: "length"` and its arguments cut short, too)."""
+        for pattern in _TRUNCATED_CALLS:
+            found = pattern.search(text)
+            if found is not None and found.group(1) in names:
+                return ParsedCall(found.group(1), found.group(2).rstrip())
+        for pattern in _TRUNCATED_NAMES:
+            found = pattern.search(text)
+            candidates = [name for name in names if found is not None and name.startswith(found.group(1))]
+            if len(candidates) == 1:
+                return ParsedCall(candidates[0], "")
+        return None
 
 
 def parse_output(syntax: CallSyntax, text: str, names: Set[str]) -> ParsedOutput:
