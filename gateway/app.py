@@ -73,9 +73,8 @@ def create_app(
     planner: Planner | None = None,
     watch: Path | None = None,
 ) -> FastAPI:
-    """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how
-    to re-read and place the config) it reloads on SIGHUP and `POST /admin/reload`, and with `watch` when that
-    file changes (`gateway.reload`)."""
+    """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how to
+    re-read and place the config) it reloads on SIGHUP, `POST /admin/reload` and `watch`'s changes."""
     adapters = dict(adapters or default_adapters(config))
     metrics = metrics or Metrics()
     keys = KeyStore(config.auth, os.environ.get(config.auth.keys_env) if config.auth.keys_env else None)
@@ -90,8 +89,9 @@ def create_app(
             residency = Residency.from_placement(registry, config.server, metrics, placement or {})
 
             def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
-                adapter = adapters[plan.engine]
-                return _deployment(plan, spec, adapter, client, config, metrics, residency.on_worker_state)
+                return _deployment(
+                    plan, spec, adapters[plan.engine], client, config, metrics, residency.on_worker_state
+                )
 
             for plan in plans:
                 registry.add(make(plan, specs[plan.model]))
@@ -103,9 +103,8 @@ def create_app(
             _announce(config, keys, registry)
             await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
-            if planner is not None:
-                current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
-                context.reloader = _reloader(context, planner, current, residency, make, watch)
+            current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
+            context.reloader = _reloader(context, planner, current, residency, make, watch) if planner else None
             try:
                 yield
             finally:
@@ -117,18 +116,18 @@ def create_app(
                 await residency.close()
                 store.close()
 
+    return _fastapi(lifespan, config, metrics)
+
+
+def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metrics) -> FastAPI:
     app = FastAPI(
         title="voltgate",
         version=__version__,
         description="OpenAI-compatible gateway for V100 GPUs (LMDeploy TurboMind FP16 and llama.cpp GGUF).",
         lifespan=lifespan,
     )
-    app.include_router(inference.router)
-    app.include_router(responses.router)
-    app.include_router(messages.router)
-    app.include_router(models.router)
-    app.include_router(ops.router)
-    app.include_router(admin.router)
+    for router in (inference, responses, messages, models, ops, admin):
+        app.include_router(router.router)
     _install_error_handlers(app)
     install_openapi(app)
     _install_middleware(app, config, metrics)
