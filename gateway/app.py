@@ -32,7 +32,7 @@ from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
 from gateway.remote import RemoteEndpoint
 from gateway.residency import Residency
-from gateway.routes import admin, inference, messages, models, ops, responses
+from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
@@ -112,6 +112,7 @@ def create_app(
     app.include_router(models.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(ui.router)
     _install_error_handlers(app)
     install_openapi(app)
     _install_middleware(app, config)
