@@ -151,9 +151,16 @@ def test_bad_key_is_refused_and_nothing_is_shown(gateway: Gateway, browser: Any)
 def test_renders_models_and_gpu_bars(gateway: Gateway, browser: Any) -> None:
     httpx.post(gateway.base_url + "/chat/completions", headers=_bearer(USER_KEY),
                json={"model": XSS_MODEL, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    client = gateway.client(api_key=USER_KEY)
+    for _ in range(3):  # measured speed for the table and the chart
+        chunks = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}],
+                                                stream=True, max_tokens=24)  # fmt: skip
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks)
     open_page(browser, gateway, ADMIN_KEY)
     row = model_row(browser)[0]
     wait_for(lambda: "ready" in row.find_element("css selector", ".state").text, "the model ready")
+    assert "–" not in text(browser, f'#models tr[data-model="{MODEL}"] td:nth-child(8)')  # predicted / measured
+    wait_for(lambda: browser.find_elements("css selector", "#chart-toks circle"), "the speed chart")
     cells = row.find_elements("css selector", "td")
     assert cells[2].text == "llamacpp" and cells[3].text == "Q4_1" and cells[4].text == "GPU 0"
     assert "gpu0" in cells[5].text
