@@ -6,6 +6,7 @@ background networking, component updates and sync off, so it talks to nothing bu
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,13 +24,29 @@ def _find(*names: str) -> str | None:
     return next((path for name in names if (path := shutil.which(name))), None)
 
 
+def missing() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install -e .[test])"
+    if _find("chromium", "chromium-browser") is None or _find("chromedriver") is None:
+        return "chromium and chromedriver are not installed (run tests/browser/install.sh)"
+    return None
+
+
+needs_browser = pytest.mark.skipif(missing() is not None, reason=missing() or "")
+"""For tests that take the `browser` fixture: skip before module fixtures (the gateway) start."""
+
+
 @pytest.fixture
 def browser() -> Iterator[object]:
     """A fresh headless chromium (selenium WebDriver) per test: nothing carries over (sessionStorage, cache)."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e .[test])")
+    why = missing()
+    if why is not None:
+        pytest.skip(why)
+    from selenium import webdriver
+
     chromium, driver = _find("chromium", "chromium-browser"), _find("chromedriver")
-    if chromium is None or driver is None:
-        pytest.skip("chromium and chromedriver are not installed (run tests/browser/install.sh)")
+    assert chromium is not None and driver is not None
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="voltgate-chromium-")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gateway.auth import hash_key
-from tests.browser.conftest import SCREENSHOTS
+from tests.browser.conftest import SCREENSHOTS, needs_browser
 from tests.conftest import free_port
 from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
 
@@ -134,6 +134,7 @@ def test_page_headers_and_data_need_a_key(gateway: Gateway) -> None:
 
 
 # -- in the browser --------------------------------------------------------------------------------------
+@needs_browser
 def test_bad_key_is_refused_and_nothing_is_shown(gateway: Gateway, browser: Any) -> None:
     open_page(browser, gateway, None)
     wait_for(lambda: browser.find_element("id", "key-input").is_displayed(), "the key prompt")
@@ -148,6 +149,7 @@ def test_bad_key_is_refused_and_nothing_is_shown(gateway: Gateway, browser: Any)
     screenshot(browser, "login-refused")
 
 
+@needs_browser
 def test_renders_models_and_gpu_bars(gateway: Gateway, browser: Any) -> None:
     httpx.post(gateway.base_url + "/chat/completions", headers=_bearer(USER_KEY),
                json={"model": XSS_MODEL, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
@@ -159,7 +161,7 @@ def test_renders_models_and_gpu_bars(gateway: Gateway, browser: Any) -> None:
     open_page(browser, gateway, ADMIN_KEY)
     row = model_row(browser)[0]
     wait_for(lambda: "ready" in row.find_element("css selector", ".state").text, "the model ready")
-    assert "–" not in text(browser, f'#models tr[data-model="{MODEL}"] td:nth-child(8)')  # predicted / measured
+    assert "\u2013" not in text(browser, f'#models tr[data-model="{MODEL}"] td:nth-child(8)')  # an en dash: no data
     wait_for(lambda: browser.find_elements("css selector", "#chart-toks circle"), "the speed chart")
     cells = row.find_elements("css selector", "td")
     assert cells[2].text == "llamacpp" and cells[3].text == "Q4_1" and cells[4].text == "GPU 0"
@@ -179,6 +181,7 @@ def test_renders_models_and_gpu_bars(gateway: Gateway, browser: Any) -> None:
     screenshot(browser, "status")
 
 
+@needs_browser
 def test_playground_streams_a_reply(gateway: Gateway, browser: Any) -> None:
     open_page(browser, gateway, USER_KEY)
     model_row(browser)
@@ -193,6 +196,7 @@ def test_playground_streams_a_reply(gateway: Gateway, browser: Any) -> None:
     screenshot(browser, "playground")
 
 
+@needs_browser
 def test_admin_actions_only_with_an_admin_key(gateway: Gateway, browser: Any) -> None:
     open_page(browser, gateway, USER_KEY)
     row = model_row(browser)[0]
