@@ -12,6 +12,7 @@ let timer = null;
 let lastModels = [];
 let conversation = [];
 let controller = null;
+let needsKey = false;  // the gateway answered 401: keys are configured
 let rendered = {};  // section -> the JSON it was last drawn from: redraw only what changed
 
 function changed(section, data) {
@@ -54,7 +55,7 @@ function showLogin(message) {
   $("main").hidden = true;
   clearData();
   $("login").hidden = false;
-  $("login-error").textContent = message || "";
+  if (message !== undefined) $("login-error").textContent = message;
   $("signout").hidden = !key();
   $("who").textContent = "";
 }
@@ -67,6 +68,7 @@ function clearData() {
 }
 
 async function refresh() {
+  if (needsKey && !key()) return;  // no polling while the page waits for a key
   let response;
   try {
     response = await fetch("/ui/api/status", { headers: headers(), cache: "no-store" });
@@ -75,7 +77,8 @@ async function refresh() {
     return;
   }
   if (response.status === 401) {
-    const why = key() ? "That key was refused: " + (await errorText(response)) : "";
+    needsKey = true;
+    const why = key() ? "That key was refused: " + (await errorText(response)) : undefined;
     if (key()) sessionStorage.removeItem(KEY_STORE);
     showLogin(why);
     return;

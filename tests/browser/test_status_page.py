@@ -146,6 +146,8 @@ def test_bad_key_is_refused_and_nothing_is_shown(gateway: Gateway, browser: Any)
     assert not browser.find_element("id", "main").is_displayed()
     assert MODEL not in browser.page_source
     assert browser.execute_script("return sessionStorage.getItem('voltgate.key')") is None
+    time.sleep(2.5)  # past the next poll: the page still says why and still shows nothing
+    assert text(browser, "#login-error") == message and not browser.find_element("id", "main").is_displayed()
     screenshot(browser, "login-refused")
 
 
