@@ -3,7 +3,10 @@ the placement's inventory and the residency's holdings, and whose recent errors 
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.auth import Principal
+from gateway.errors import GatewayError
 from gateway.placement.inventory import inventory_from_spec
 from gateway.status import status_report
 from tests.unit.test_residency import MB, Harness
@@ -41,3 +44,15 @@ async def test_recent_errors_are_the_keys_own_unless_admin() -> None:
 
     assert seen(Principal("team"), admin=False) == ["team"]
     assert seen(Principal("ops", scopes=("admin",)), admin=True) == ["-", "other", "team"]
+
+
+async def test_a_failed_model_says_why() -> None:
+    h = Harness({"bad": ("on_demand", 100 * MB)}, budget=None)
+    h.workers["bad"].fail = "exited with code 1 during start; last log lines: invalid GGUF"
+    with pytest.raises(GatewayError):
+        await h.hold("bad", wait_s=5)
+    report = status_report(h.registry, h.residency, h.metrics, {}, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    (model,) = report.models
+    assert model.state == "failed" and model.reason is not None and "invalid GGUF" in model.reason
+    assert report.pools == []  # no inventory, no host budget: nothing to draw
