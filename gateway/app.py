@@ -35,7 +35,7 @@ from gateway.openapi import install_openapi
 from gateway.reload import Desired, Planner, Reloader
 from gateway.remote import RemoteEndpoint
 from gateway.residency import Residency
-from gateway.routes import admin, inference, messages, models, ops, responses
+from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
@@ -126,7 +126,7 @@ def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metric
         description="OpenAI-compatible gateway for V100 GPUs (LMDeploy TurboMind FP16 and llama.cpp GGUF).",
         lifespan=lifespan,
     )
-    for router in (inference, responses, messages, models, ops, admin):
+    for router in (inference, responses, messages, models, ops, admin, ui):
         app.include_router(router.router)
     _install_error_handlers(app)
     install_openapi(app)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.activity import Activity
 from gateway.live_speed import LiveSpeed
 from gateway.placement.performance import Prediction
 
@@ -99,6 +100,7 @@ class Metrics:
         self._speed_series(r)
         self.live = live if live is not None else LiveSpeed()  # measured speed, per model
         r.register(LiveSpeedCollector(self.live))
+        self.activity = Activity()  # recent errors and a speed history, for the status page (`gateway.status`)
         if gpu:
             r.register(GpuCollector())
 

@@ -119,7 +119,7 @@ class Service:
             with contextlib.suppress(GatewayError):
                 label = self.registry.resolve(model).name
         self.metrics.rejections.labels(label, exc.code.value).inc()
-        account(self.metrics, ctx, label, exc.status, None)
+        account(self.metrics, ctx, label, exc.status, None, exc)
 
     # -- checks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, kind: RequestKind, parsed: ServedRequest, deployment: Deployment) -> None:
@@ -170,6 +170,7 @@ class Service:
     ) -> UnaryResult:
         status = 500
         tokens: tuple[int, int] | None = None
+        error: GatewayError | None = None
         try:
             upstream = asyncio.ensure_future(self._load_admit_post(scope, body))
             gone = asyncio.ensure_future(_wait_disconnect(request))
@@ -194,10 +195,10 @@ class Service:
             status = 200
             return UnaryResult(payload)
         except GatewayError as exc:
-            status = exc.status
+            status, error = exc.status, exc
             raise
         finally:
-            scope.finish(status, tokens)
+            scope.finish(status, tokens, error=error)
 
     async def _load_admit_post(self, scope: RequestScope, body: dict[str, Any]) -> dict[str, Any]:
         await scope.load(self.settings.load_wait_s)

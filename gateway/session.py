@@ -56,11 +56,26 @@ class RequestContext:
     counted_chunks: bool = False  # a stream cut short before its usage frame: its chunks counted as tokens
 
 
-def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, tokens: tuple[int, int] | None) -> None:
-    """Count a request and write its one access-log line (every request that reached a route)."""
+def account(
+    metrics: Metrics,
+    ctx: RequestContext,
+    model: str,
+    status: int,
+    tokens: tuple[int, int] | None,
+    error: GatewayError | None = None,
+) -> None:
+    """Count a request and write its one access-log line (every request that reached a route); a status of
+    400 or more also goes to the recent errors the status page shows, with `error`'s code and message."""
     ctx.accounted = True
     endpoint = ctx.api or ctx.kind.value
     metrics.requests.labels(model, endpoint, str(status)).inc()
+    if status >= 400:
+        metrics.activity.error(
+            request_id=ctx.request_id, model=model, endpoint=endpoint, status=status,
+            code=error.code.value if error is not None else ("client_closed" if status == CLIENT_GONE else None),
+            message=error.message if error is not None else None,
+            key_id=ctx.principal.key_id if ctx.principal else None,
+        )  # fmt: skip
     access_log.info(
         json.dumps(
             {
@@ -156,7 +171,13 @@ class RequestScope:
         self.metrics.queue_time.labels(self.model).observe(waited_s)
         self.metrics.running.labels(self.model).set(self.deployment.admission.running)
 
-    def finish(self, status: int, tokens: tuple[int, int] | None = None, stats: StreamStats | None = None) -> None:
+    def finish(
+        self,
+        status: int,
+        tokens: tuple[int, int] | None = None,
+        stats: StreamStats | None = None,
+        error: GatewayError | None = None,
+    ) -> None:
         if self.finished:
             return
         self.finished = True
@@ -181,7 +202,7 @@ class RequestScope:
             itl = metrics.itl.labels(model)
             for gap in stats.inter_chunk_s:
                 itl.observe(gap)
-        account(metrics, ctx, model, status, tokens)
+        account(metrics, ctx, model, status, tokens, error or (stats.error if stats is not None else None))
 
     def _measure(self, completed: bool, tokens: tuple[int, int] | None, stats: StreamStats | None) -> None:
         """Feed the model's measured speed (`gateway.live_speed`): a stream with the relay's times, a unary
@@ -190,12 +211,14 @@ class RequestScope:
             return
         live = self.metrics.live
         if stats is None:
-            live.end(self.flight, completed=completed, tokens=tokens)
-            return
-        live.end(
-            self.flight, completed=completed, tokens=tokens, streamed=True, first_content_at=stats.first_content_at,
-            last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens,
-        )  # fmt: skip
+            sample = live.end(self.flight, completed=completed, tokens=tokens)
+        else:
+            sample = live.end(
+                self.flight, completed=completed, tokens=tokens, streamed=True, first_content_at=stats.first_content_at,
+                last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens,
+            )  # fmt: skip
+        if sample is not None and tokens is not None:
+            self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
 
 
 class StreamSession:
@@ -255,6 +278,7 @@ class StreamSession:
             self._pending = None
         except GatewayError as exc:
             self._status = exc.status
+            self.stats.error = exc  # accounted with its code (the relay never ran)
             await self.close()
             raise
 

@@ -17,6 +17,7 @@ import ipaddress
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from gateway.auth import Principal
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes.context import AppContext, app_context
 
@@ -34,18 +35,23 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
+def admin_denial(request: Request, app: AppContext, principal: Principal) -> str | None:
+    """Why this caller (already authenticated as `principal`) may not use the admin API; None if it may."""
+    if app.keys.open_mode:
+        if not _is_loopback(request.client.host if request.client else None):
+            return "the admin API answers only loopback clients in open mode; configure a key with scopes: [admin]"
+    elif ADMIN_SCOPE not in principal.scopes:
+        return f"key {principal.key_id!r} lacks the admin scope"
+    return None
+
+
 def authorize_admin(request: Request) -> AppContext:
     """The app context for an admin call; 401 without a valid key, 403 without the admin scope."""
     app = app_context(request)
     principal = app.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    if app.keys.open_mode:
-        if not _is_loopback(request.client.host if request.client else None):
-            raise GatewayError(
-                ErrorCode.PERMISSION_DENIED,
-                "the admin API answers only loopback clients in open mode; configure a key with scopes: [admin]",
-            )
-    elif ADMIN_SCOPE not in principal.scopes:
-        raise GatewayError(ErrorCode.PERMISSION_DENIED, f"key {principal.key_id!r} lacks the admin scope")
+    denial = admin_denial(request, app, principal)
+    if denial is not None:
+        raise GatewayError(ErrorCode.PERMISSION_DENIED, denial)
     return app
 
 

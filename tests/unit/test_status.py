@@ -1,0 +1,58 @@
+"""The status page's report (`gateway.status`) for one key: the models it may see, memory bars per pool from
+the placement's inventory and the residency's holdings, and whose recent errors it sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth import Principal
+from gateway.errors import GatewayError
+from gateway.placement.inventory import inventory_from_spec
+from gateway.status import status_report
+from tests.unit.test_residency import MB, Harness
+
+
+def placement() -> dict[str, object]:
+    return {"inventory": inventory_from_spec("2xv100-16gb").model_dump(mode="json"), "decisions": []}
+
+
+async def test_a_key_sees_its_models_and_every_pool() -> None:
+    h = Harness({"a": ("on_demand", 300 * MB), "b": ("on_demand", 200 * MB)}, budget=1024 * MB)
+    (await h.hold("a")).release()
+    report = status_report(h.registry, h.residency, h.metrics, placement(), principal=Principal("team", models=("a",)),
+                           admin=False, open_mode=False, accepting=True)  # fmt: skip
+    assert [m.name for m in report.models] == ["a"]
+    assert report.models[0].state == "ready" and report.models[0].gpus == []
+    pools = {p.pool: p for p in report.pools}
+    assert set(pools) == {"gpu0", "gpu1", "host"}
+    assert pools["gpu0"].simulated and pools["gpu0"].used == [] and pools["gpu0"].kind == "gpu"
+    host = pools["host"]
+    assert [(u.model, u.bytes, u.measured) for u in host.used] == [("a", 300 * MB, False)]  # b is not loaded
+    assert host.total_bytes == 1024 * MB and host.free_bytes == 724 * MB
+    assert len(report.speed) == 60 and report.speed_bin_s == 10
+
+
+async def test_recent_errors_are_the_keys_own_unless_admin() -> None:
+    h = Harness({"a": ("on_demand", 300 * MB)}, budget=None)
+    for key in ("team", "other", "-"):
+        h.metrics.activity.error(request_id=key, model="a", endpoint="chat", status=401, key_id=key)
+
+    def seen(principal: Principal, admin: bool) -> list[str]:
+        report = status_report(h.registry, h.residency, h.metrics, {}, principal=principal, admin=admin,
+                               open_mode=False, accepting=True)  # fmt: skip
+        return [e.request_id for e in report.errors]
+
+    assert seen(Principal("team"), admin=False) == ["team"]
+    assert seen(Principal("ops", scopes=("admin",)), admin=True) == ["-", "other", "team"]
+
+
+async def test_a_failed_model_says_why() -> None:
+    h = Harness({"bad": ("on_demand", 100 * MB)}, budget=None)
+    h.workers["bad"].fail = "exited with code 1 during start; last log lines: invalid GGUF"
+    with pytest.raises(GatewayError):
+        await h.hold("bad", wait_s=5)
+    report = status_report(h.registry, h.residency, h.metrics, {}, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    (model,) = report.models
+    assert model.state == "failed" and model.reason is not None and "invalid GGUF" in model.reason
+    assert report.pools == []  # no inventory, no host budget: nothing to draw
