@@ -83,7 +83,7 @@ class LMDeployAdapter:
             env=env,
             health_path="/v1/models",
             startup_timeout_s=self._startup_timeout_s,
-            # DESIGN.md: on a card too small TurboMind either aborts or loops on this line forever.
+            # docs/hardware.md: on a card too small TurboMind either aborts or loops on this line forever.
             fatal_log_patterns=(r"out of memory at \d+/\d+", r"CUDA error: out of memory"),
         )
 

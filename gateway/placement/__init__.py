@@ -1,5 +1,5 @@
 """Placement: which engine, precision, GPUs and context each model gets, from the GPU inventory and the
-model files' headers, with every decision explained (DESIGN.md, "Placement").
+model files' headers, with every decision explained (docs/hardware.md, "Placement").
 
     inventory = inventory_from_spec(config.gpus)   # "auto" (NVML), "none", or a layout like "2xv100-16gb"
     report = plan_models(config, inventory)        # never raises for a model that does not fit

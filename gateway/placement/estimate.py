@@ -1,4 +1,4 @@
-"""Memory estimates with named terms, per engine, calibrated on DESIGN.md's measurements (see the constants)."""
+"""Memory estimates with named terms, per engine, calibrated on docs/hardware.md's measurements (the constants)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from gateway.placement.inspection import ModelShape, SourceInfo
 from gateway.placement.inventory import GIB, MIB
 
 MARGIN_BYTES = 1 * GIB
-"""Left unused on every GPU: DESIGN.md asks for at least 1 GiB."""
+"""Left unused on every GPU: docs/hardware.md asks for at least 1 GiB."""
 
-# --- TurboMind (lmdeploy 0.18), measured on an H200 held to a V100's memory (DESIGN.md) -------------------
+# --- TurboMind (lmdeploy 0.18), measured on an H200 held to a V100's memory (docs/hardware.md) -------------------
 TM_FIXED_BYTES_TP1 = 960 * MIB
 """CUDA context, cuBLAS and buffers beyond the weights, before the KV cache: 32,510 - 12,856 - 18,694 MiB."""
 TM_FIXED_BYTES_TP = 1_250 * MIB
@@ -29,7 +29,7 @@ TM_KV_HEADROOM = 1.10
 
 # --- llama.cpp (llama-cpp-python 0.3.36, CUDA, flash attention, n_ubatch 512) ----------------------------
 LLAMACPP_CUDA_CONTEXT_BYTES = 672 * MIB
-"""CUDA context + cuBLAS workspace per GPU. With `llamacpp_compute_bytes` this reproduces DESIGN.md's
+"""CUDA context + cuBLAS workspace per GPU. With `llamacpp_compute_bytes` this reproduces docs/hardware.md's
 Llama-2-7B table (F16/Q8_0/Q4_K_M, 4k/16k context, 32 or 16 layers) at +0.1% to +3%, never below it."""
 LLAMACPP_MAX_UBATCH = 512
 
@@ -104,7 +104,7 @@ def turbomind_kv_target_bytes(shape: ModelShape, session_len: int, sessions: int
 def turbomind_runtime_bytes(shape: ModelShape, session_len: int, max_batch: int, prefill_tokens: int, tp: int) -> int:
     """Activations and workspace outside the KV cache, per GPU.
 
-    Calibrated on the three measured outcomes in DESIGN.md: 7B tp 1, session 4096, batch 128 needs more than
+    Calibrated on the three measured outcomes in docs/hardware.md: 7B tp 1, session 4096, batch 128 needs more than
     the 469 MiB that ratio 0.8 leaves (OOM); 13B tp 2, batch 64 needs more than 500 MiB at session 4096
     (OOM) and less at 2048 (serves). Buffers scale with the tokens of one forward pass (a prefill chunk is
     at most the session, at most max_prefill_token_num) plus the batch, and the fp32 logits of the batch.

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 MIB = 1 << 20
 GIB = 1 << 30
 
-# What NVML reports for the two V100 sizes (MiB); DESIGN.md holds the H200 to these when emulating a V100.
+# What NVML reports for the two V100 sizes (MiB); docs/hardware.md holds the H200 to these when emulating a V100.
 _V100_16GB_MIB = 16_160
 _V100_32GB_MIB = 32_510
 

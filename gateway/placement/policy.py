@@ -1,4 +1,4 @@
-"""The placement policy: each model climbs DESIGN.md's ladder; models pack onto the GPUs largest first.
+"""The placement policy: each model climbs the ladder (docs/hardware.md, "Placement"); models pack largest first.
 
 Pass 1 gives every model, largest first, a placement wholly on GPUs: the tiered ladder of
 `gateway.placement.ladder` (the targets with full-precision KV, then quantized KV, then fewer sessions, then
