@@ -193,6 +193,11 @@ class EngineRequest(_Frozen):
 # -- embeddings and reranking (the embedding worker: backends/llamacpp/embed_server.py) --------------------
 
 
+MAX_INPUTS = 2048
+"""Inputs per embeddings request and documents per rerank request: OpenAI's limit, the gateway's and the
+embedding worker's (one constant for all three)."""
+
+
 class EngineEmbeddingRequest(_Frozen):
     """What an embedding worker accepts on /v1/embeddings: OpenAI's body, plus `normalize` and `truncate`.
 

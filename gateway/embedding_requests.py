@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from backends.request import EngineEmbeddingRequest
+from backends.request import MAX_INPUTS, EngineEmbeddingRequest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.requests import EmbeddingRequest, validation_error
-
-MAX_INPUTS = 2048
-"""Inputs per request: OpenAI's limit, and the embedding worker's (backends/llamacpp/embed_server.MAX_INPUTS)."""
 
 
 def count_inputs(parsed: EmbeddingRequest) -> int:

@@ -40,15 +40,13 @@ from backends.llamacpp.embedding import (
 )
 from backends.llamacpp.server import WorkerApp
 from backends.llamacpp.wire import WireError
-from backends.request import EngineEmbeddingRequest, EngineRerankRequest
+from backends.request import MAX_INPUTS, EngineEmbeddingRequest, EngineRerankRequest
 
 log = logging.getLogger("voltgate.worker")
 
 Task = Literal["embed", "rerank"]
 B = TypeVar("B", bound=BaseModel)
 
-MAX_INPUTS = 2048
-"""Inputs per /v1/embeddings request and documents per /v1/rerank request (OpenAI allows 2048 inputs)."""
 
 
 @dataclass(frozen=True)

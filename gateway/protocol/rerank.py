@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.request import EngineRerankRequest
+from backends.request import MAX_INPUTS, EngineRerankRequest
 from gateway.protocol.parsing import parse_body
 
-MAX_DOCUMENTS = 2048
-"""Documents per request; the worker enforces the same limit (backends/llamacpp/embed_server.MAX_INPUTS)."""
+MAX_DOCUMENTS = MAX_INPUTS
+"""Documents per request: the one limit in backends/request.py, which the worker enforces too."""
 
 
 class RerankRequest(BaseModel):
