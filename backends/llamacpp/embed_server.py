@@ -48,7 +48,6 @@ Task = Literal["embed", "rerank"]
 B = TypeVar("B", bound=BaseModel)
 
 
-
 @dataclass(frozen=True)
 class EmbedSpec:
     """Everything an embedding or rerank worker was started with."""
