@@ -43,7 +43,6 @@ class StreamStats:
     prompt_tokens: int | None = None
     cached_tokens: int = 0  # of the prompt, served from the engine's prefix cache (when it says so)
     completion_tokens: int | None = None
-    finish_reason: str | None = None
     error: GatewayError | None = None
     completed: bool = False
 
@@ -98,10 +97,6 @@ class RelayResponse(StreamingResponse):
 def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
     """Update stats from one `data:` frame; True if it is the usage-only frame (choices == [])."""
     if b'"usage"' not in frame or frame.startswith(b"data: [DONE]"):
-        if b'"finish_reason":"' in frame or b'"finish_reason": "' in frame:
-            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
-                data = json.loads(frame[5:])
-                stats.finish_reason = data["choices"][0]["finish_reason"] or stats.finish_reason
         return False
     try:
         data = json.loads(frame[5:])
@@ -116,12 +111,7 @@ def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         stats.cached_tokens = cached if isinstance(cached, int) else 0
         stats.completion_tokens = usage.get("completion_tokens")
-    choices = data.get("choices")
-    if choices:
-        reason = choices[0].get("finish_reason")
-        if reason:
-            stats.finish_reason = reason
-    return usage is not None and choices == []
+    return usage is not None and data.get("choices") == []
 
 
 async def sse_frames(response: httpx.Response) -> AsyncIterator[bytes]:
