@@ -9,7 +9,8 @@ config stays. Otherwise, model by model (by name):
   `server.drain_timeout_s`), then its worker stops;
 * changed: the new deployment takes the name at once (new requests wait for it, as at boot), the old one
   drains and stops, then the new one starts (so GPU memory is never counted twice);
-* added: placed and started (pinned) or loaded by its first request (on demand).
+* added: placed and started (pinned) or loaded by its first request (on demand);
+* and a pinned model that gave up after a crash loop (docs/troubleshooting.md) tries again, changed or not.
 
 Server, auth and other non-model settings are not applied live; the reload result says which changed.
 One reload runs at a time.
@@ -146,6 +147,10 @@ class Reloader:
         for deployment in fresh:
             if deployment.name not in added:
                 self._residency.adopt(deployment, memory.get(deployment.name))
+        for name in result.unchanged:  # a pinned worker that gave up after a crash loop tries again
+            kept = self._registry.deployments[name]
+            if kept.load == "always":
+                kept.worker.start(retry=True)  # a no-op for one that is serving or restarting
 
     def watch(self, path: Path) -> asyncio.Task[None]:
         """Reload whenever `path` changes (`--watch-config`): its modification time, polled each second."""

@@ -94,17 +94,7 @@ def test_a_worker_that_segfaults_on_every_request_ends_failed_with_the_cause(
     gateway = _start(tmp_path, smollm2_path, VOLTGATE_STANDIN_SEGV="1")
     try:
         gateway.wait_ready()
-        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
-        replies = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            reply = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=60)
-            replies.append(reply)
-            assert reply.status_code == 503, reply.text
-            if "voltgate doctor" in reply.text:
-                break
-        else:
-            raise AssertionError([r.text for r in replies])
+        replies = _crash_until_failed(gateway)
         error = replies[-1].json()["error"]
         assert "SIGSEGV" in error["message"] and error["code"] == "worker_unavailable"
         ready = httpx.get(gateway.url + "/ready", timeout=5).json()
@@ -121,8 +111,27 @@ def test_a_worker_that_segfaults_on_every_request_ends_failed_with_the_cause(
         time.sleep(3)  # no restart behind the scenes: the count stays
         metrics = httpx.get(gateway.url + "/metrics", timeout=5).text
         assert f'voltgate:worker_crashes_total{{cause="SIGSEGV",model="{MODEL}"}} 3.0' in metrics
+        reload = httpx.post(gateway.url + "/admin/reload", timeout=60)  # a config reload tries again
+        assert reload.status_code == 200 and reload.json()["unchanged"] == [MODEL], reload.text
+        gateway.wait_ready(60)
+        _crash_until_failed(gateway)
         again = httpx.post(gateway.url + f"/admin/models/{MODEL}/load", timeout=60)
         assert again.status_code == 200, again.text  # an admin load tries again: the worker starts
         assert httpx.get(gateway.url + "/ready", timeout=5).json()["models"][MODEL]["state"] == "ready"
     finally:
         stop_gateway(gateway)
+
+
+def _crash_until_failed(gateway: Gateway) -> list[httpx.Response]:
+    """Requests until the model is failed: each kills the worker (a 503 for the lost connection, or one
+    that waited for a restart that crashed again), the last names the crash loop."""
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    replies = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        reply = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=60)
+        replies.append(reply)
+        assert reply.status_code == 503, reply.text
+        if "voltgate doctor" in reply.text:
+            return replies
+    raise AssertionError([r.text for r in replies])

@@ -90,6 +90,8 @@ def test_add_remove_change_under_load(reloading: tuple[Gateway, Path], smollm2_p
         assert done.status_code == 200, (name, done.text)
     placement = httpx.get(gateway.base_url + "/placement", timeout=10).json()
     assert {d["model"] for d in placement["decisions"]} == {"keep", "change", "add"}
+    status = httpx.get(gateway.url + "/ui/api/status", timeout=10).json()  # what the status page shows
+    assert {m["name"] for m in status["models"]} == {"keep", "change", "add"}
 
 
 def test_an_invalid_file_is_refused_and_the_old_config_keeps_running(reloading: tuple[Gateway, Path]) -> None:
