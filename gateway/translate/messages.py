@@ -69,10 +69,32 @@ def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     system = req.system_text()
     if system:
         messages.append({"role": "system", "content": system})
+    _check_system_turns(req.messages)
     _check_tool_ids(req.messages)
     for message in req.messages:
         messages += _turn(message)
     return messages
+
+
+def _check_system_turns(turns: list[InputMessage]) -> None:
+    """Anthropic's placement of mid-conversation system messages, each break a 400 naming the message: never
+    first, never two in a row, right after a user turn, and either last or followed by an assistant turn."""
+    for i, turn in enumerate(turns):
+        if turn.role != "system":
+            continue
+        before = turns[i - 1].role if i else None
+        after = turns[i + 1].role if i + 1 < len(turns) else None
+        if before is None:
+            why = "a system message cannot be the first message; put it in the top-level `system`"
+        elif before == "system":
+            why = "consecutive system messages are not allowed; merge them into one"
+        elif before != "user":
+            why = "a mid-conversation system message must follow a user message"
+        elif after not in (None, "assistant", "system"):
+            why = "a mid-conversation system message must be the last message or be followed by an assistant message"
+        else:
+            continue
+        raise GatewayError(ErrorCode.INVALID_REQUEST, why, param=f"messages.{i}.role")
 
 
 def _check_tool_ids(turns: list[InputMessage]) -> None:
@@ -95,6 +117,8 @@ def _check_tool_ids(turns: list[InputMessage]) -> None:
 def _turn(message: InputMessage) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    if message.role == "system":  # a mid-conversation system message stays where it is
+        return [{"role": "system", "content": "\n".join(b.text for b in message.content if isinstance(b, TextBlock))}]
     if message.role == "assistant":
         return [_assistant(message.content)]
     return _user(message.content)
@@ -117,7 +141,8 @@ def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
 def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
     """The chat-completions request for `req` (for `CountTokensRequest`: its prompt part only).
 
-    Mapping: system → a leading system message (text blocks joined by newlines); tool_result with
+    Mapping: system → a leading system message (text blocks joined by newlines), a mid-conversation system message → a
+    system message in its place; tool_result with
     is_error → a tool message whose content starts "Error: "; tool_choice any → "required", tool → named, none →
     "none", disable_parallel_tool_use → parallel_tool_calls false; stop_sequences → stop; top_k is the
     gateway's top_k extension; metadata.user_id → user; output_config.format → response_format

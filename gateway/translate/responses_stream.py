@@ -245,7 +245,7 @@ class ResponsesStream:
         if isinstance(state, _Text):
             return message_item(state.item_id, "".join(state.text), status=status)
         arguments = "".join(state.arguments)
-        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status)
+        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status, req=self._req)
 
     def _close_current(self, status: str) -> list[dict[str, Any]]:
         current, self._current = self._current, None
@@ -263,7 +263,7 @@ class ResponsesStream:
         else:
             events = [
                 self._event(
-                    "response.function_call_arguments.done", **where, name=current.name, arguments=item["arguments"]
+                    "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
                 )
             ]
         events.append(self._event("response.output_item.done", output_index=current.output_index, item=item))

@@ -246,7 +246,7 @@ def test_what_no_engine_can_honour_is_a_400_naming_the_param(fields: dict[str, A
     [
         ({"model": "smol", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"model": "smol", "max_tokens": 1, "messages": []}, "messages"),
-        ({"model": "smol", "max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"model": "smol", "max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"model": "smol", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
             "messages.0.content.0.text",
