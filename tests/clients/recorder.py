@@ -71,7 +71,7 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
         def _relay(self) -> None:
@@ -110,7 +110,7 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
                 }
             )
 
-        do_GET = do_POST = do_DELETE = do_HEAD = _relay  # noqa: N815 - the stdlib's names
+        do_GET = do_POST = do_DELETE = do_HEAD = _relay
 
     return Handler
 

@@ -69,12 +69,18 @@ def test_a_namespace_is_served_as_its_function_tools_named_namespace_dot_name() 
 
 def test_a_call_to_a_namespaced_function_names_namespace_and_name_apart() -> None:
     req = responses_request(tools=[EXEC, NAMESPACE])
-    chat = chat_completion([call("call_1", "multi_agent_v1.spawn_agent", '{"message":"go"}'), call("call_2", "exec_command")])
+    chat = chat_completion(
+        [call("call_1", "multi_agent_v1.spawn_agent", '{"message":"go"}'), call("call_2", "exec_command")]
+    )
     response = to_response(chat, req, response_id="resp_1", created_at=1)
     assert_matches("Response", response)
     Response.model_validate(response)
     spawned, executed = response["output"]
-    assert (spawned["namespace"], spawned["name"], spawned["arguments"]) == ("multi_agent_v1", "spawn_agent", '{"message":"go"}')
+    assert (spawned["namespace"], spawned["name"], spawned["arguments"]) == (
+        "multi_agent_v1",
+        "spawn_agent",
+        '{"message":"go"}',
+    )
     assert executed["name"] == "exec_command" and "namespace" not in executed
     assert response["tools"][1]["type"] == "namespace"  # echoed as sent
 
@@ -82,7 +88,12 @@ def test_a_call_to_a_namespaced_function_names_namespace_and_name_apart() -> Non
 def test_a_streamed_namespaced_call_names_namespace_and_name_apart() -> None:
     req = responses_request(tools=[NAMESPACE], stream=True)
     stream = ResponsesStream(req, response_id="resp_1", created_at=1)
-    delta = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "multi_agent_v1.close_agent", "arguments": "{}"}}
+    delta = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "multi_agent_v1.close_agent", "arguments": "{}"},
+    }
     events = stream.feed({"model": "smol", "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
     events += stream.feed({"model": "smol", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     events += stream.finish()
@@ -146,15 +157,17 @@ CLAUDE_CODE_TURN = [
 ]  # fmt: skip
 
 
-def messages_request(turns: list[dict[str, Any]], kind: type[MessagesRequest | CountTokensRequest] = MessagesRequest) -> Any:
+def messages_request(
+    turns: list[dict[str, Any]], kind: type[MessagesRequest | CountTokensRequest] = MessagesRequest
+) -> Any:
     body = {"model": "smol", "max_tokens": 64, "system": "You are Claude Code.", "messages": turns}
     return parse_body(json.dumps(body).encode(), kind, dotted=True)
 
 
 @pytest.mark.parametrize("kind", [MessagesRequest, CountTokensRequest])
 def test_a_mid_conversation_system_message_stays_in_its_place(kind: type[MessagesRequest | CountTokensRequest]) -> None:
-    turns = [*CLAUDE_CODE_TURN, {"role": "assistant", "content": "Hello!"},
-             {"role": "user", "content": "Again"}, {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]  # fmt: skip
+    brief = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    turns = [*CLAUDE_CODE_TURN, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"}, brief]
     chat = messages.to_chat(messages_request(turns, kind))
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "system", "assistant", "user", "system"]
     assert chat["messages"][2]["content"].startswith("Available agent types")
@@ -166,15 +179,29 @@ def test_a_mid_conversation_system_message_stays_in_its_place(kind: type[Message
     ("turns", "param"),
     [
         ([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}], "messages.0.role"),
-        ([{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}, {"role": "system", "content": "y"}],
-         "messages.2.role"),
-        ([{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}, {"role": "user", "content": "y"}],
-         "messages.1.role"),
-        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}, {"role": "system", "content": "x"}],
-         "messages.2.role"),
-        ([{"role": "user", "content": "hi"},
-          {"role": "system", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}],
-         "messages.1.content.0.type"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}, {"role": "system", "content": "y"}],
+            "messages.2.role",
+        ),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}, {"role": "user", "content": "y"}],
+            "messages.1.role",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "a"},
+                {"role": "system", "content": "x"},
+            ],
+            "messages.2.role",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]},
+            ],
+            "messages.1.content.0.type",
+        ),
     ],
 )
 def test_system_messages_out_of_place_are_a_400_naming_them(turns: list[dict[str, Any]], param: str) -> None:
