@@ -5,9 +5,9 @@ Hints with no meaning for generation here (`service_tier`, `prompt_cache_key`, `
 unknown fields. A `namespace` tool is a group of function tools and is served (see `NamespaceTool`); hosted
 web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
 ignored: no engine here has a reasoning budget, so every effort is served the same way and the Response
-echoes `reasoning.effort: null` to say none was applied. What no engine can honour (built-in tools, background mode, conversations, prompt templates, image/file/audio
-inputs, item references, logprobs) is recognised and named by `unsupported()`, which the route turns
-into a 400.
+echoes `reasoning.effort: null` to say none was applied. What no engine can honour (other built-in tools,
+background mode, conversations, prompt templates, image/file/audio inputs, item references, logprobs) is
+recognised and named by `unsupported()`, which the route turns into a 400.
 """
 
 from __future__ import annotations
