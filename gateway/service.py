@@ -120,7 +120,7 @@ class Service:
             with contextlib.suppress(GatewayError):
                 label = self.registry.resolve(model).name
         self.metrics.rejections.labels(label, exc.code.value).inc()
-        account(self.metrics, ctx, label, exc.status, None)
+        account(self.metrics, ctx, label, exc.status, None, named=model)
 
     # -- checks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, kind: RequestKind, parsed: ServedRequest, deployment: Deployment) -> None:

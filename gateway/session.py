@@ -51,15 +51,25 @@ class RequestContext:
     api: str | None = None  # a translated API riding on `kind` ("responses", "messages"): the endpoint label
 
 
-def account(metrics: Metrics, ctx: RequestContext, model: str, status: int, tokens: tuple[int, int] | None) -> None:
-    """Count a request and write its one access-log line (every request that reached a route)."""
+def account(
+    metrics: Metrics,
+    ctx: RequestContext,
+    model: str,
+    status: int,
+    tokens: tuple[int, int] | None,
+    *,
+    named: str | None = None,
+) -> None:
+    """Count a request and write its one access-log line (every request that reached a route). `model` is the
+    metric label (a configured model, or "unknown"); the log line keeps the name the body gave, `named`, when
+    that is no configured model, so a refused request can be traced to what it asked for."""
     endpoint = ctx.api or ctx.kind.value
     metrics.requests.labels(model, endpoint, str(status)).inc()
     access_log.info(
         json.dumps(
             {
                 "request_id": ctx.request_id,
-                "model": model,
+                "model": model if named is None or model != "unknown" else named[:200],
                 "endpoint": endpoint,
                 "key_id": ctx.principal.key_id if ctx.principal else None,
                 "status": status,

@@ -68,8 +68,8 @@ async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator
     yield encode_events(stream.start())
     async with contextlib.aclosing(session.chunks()) as chunks:
         async for chunk in chunks:
-            if isinstance(chunk, bytes):  # a comment while it queues or its model loads
-                yield chunk
+            if isinstance(chunk, bytes):  # a comment while it waits: a ping event instead, which clients count
+                yield chunk + encode_events(stream.keepalive())
                 continue
             error = chunk.get("error")
             if isinstance(error, dict):  # the chat stream broke after its headers were sent

@@ -74,8 +74,8 @@ class _Turn:
         async with contextlib.aclosing(session.chunks()) as chunks:
             try:
                 async for chunk in chunks:
-                    if isinstance(chunk, bytes):  # a comment while it queues or its model loads
-                        yield chunk
+                    if isinstance(chunk, bytes):  # a comment while it waits: an event instead, which Codex counts
+                        yield chunk + encode_events(stream.keepalive())
                         continue
                     error = chunk.get("error")
                     if isinstance(error, dict):  # the chat stream broke after its headers were sent

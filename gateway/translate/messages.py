@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from backends.overflow import anthropic_overflow_message, overflow_counts
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import (
     CountTokensRequest,
@@ -324,7 +325,11 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
 
 def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
     """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message
-    unless the message already names it as "param: ..." or "...: param"."""
+    unless the message already names it as "param: ..." or "...: param". A prompt over the context says so in
+    Anthropic's words ("prompt is too long: N tokens > M maximum"), which Claude Code acts on."""
+    counts = overflow_counts(error.message) if error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED else None
+    if counts is not None:
+        return anthropic_error(error.status, anthropic_overflow_message(*counts))
     message = error.message
     named = message.startswith(f"{error.param}:") or message.endswith(f": {error.param}")
     if error.param and not named:

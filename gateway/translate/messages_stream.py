@@ -65,6 +65,11 @@ class MessagesStream:
         message = self._message(content=[], stop=(None, None), usage={"input_tokens": 0, "output_tokens": 0})
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
+    def keepalive(self) -> list[dict[str, Any]]:
+        """A `ping` event while the stream waits (queued, loading, prefilling), as Anthropic's streams have
+        them: SDKs and Claude Code count events, not SSE comments, as activity."""
+        return [] if self._ended else [*self.start(), {"type": "ping"}]
+
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events for one `chat.completion.chunk` dict."""
         if self._ended:

@@ -32,8 +32,14 @@ from gateway.translate.ids import new_id
 
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 
-# The Response's `error.code` is an enum; gateway codes outside it are reported as server errors.
-_RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
+# The Response's `error.code` is an enum: a gateway code maps onto its nearest member (else server_error), and
+# the stream's `error` event carries the same code, so a client reads one reason whichever it looks at.
+_RESPONSE_ERROR_CODES = {
+    "rate_limit_exceeded": "rate_limit_exceeded",
+    "queue_full": "rate_limit_exceeded",
+    "context_length_exceeded": "invalid_prompt",
+    "invalid_prompt": "invalid_prompt",
+}
 
 
 # -- request ----------------------------------------------------------------------------------------------
@@ -285,8 +291,9 @@ def to_response(
 
 
 def response_error(message: str, code: str) -> dict[str, Any]:
-    """A failed Response's `error`; codes outside OpenAI's enum are reported as `server_error`."""
-    return {"code": code if code in _RESPONSE_ERROR_CODES else "server_error", "message": message}
+    """A failed Response's `error`: the gateway's code as the nearest member of OpenAI's enum (queue_full,
+    rate_limit_exceeded → rate_limit_exceeded; context_length_exceeded → invalid_prompt; else server_error)."""
+    return {"code": _RESPONSE_ERROR_CODES.get(code, "server_error"), "message": message}
 
 
 # -- stored input items -----------------------------------------------------------------------------------
