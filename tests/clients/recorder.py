@@ -55,12 +55,23 @@ def _body(raw: bytes, content_type: str) -> Any:
 
 
 class Recorder:
-    """Where exchanges go: appended as JSON lines under a lock."""
+    """Where exchanges go: appended as JSON lines under a lock. `scripted` replies, taken in order by the
+    first POSTs to their path, answer instead of the upstream (an SSE body): how a tool round trip is recorded
+    with a model too small to call tools on cue; the client's requests are what the fixtures keep."""
 
-    def __init__(self, out: Path, upstream: str) -> None:
+    def __init__(self, out: Path, upstream: str, scripted: list[tuple[str, bytes]] | None = None) -> None:
         self.out = out
         self.upstream = urlsplit(upstream)
+        self.scripted = list(scripted or ())
         self._lock = threading.Lock()
+
+    def script_for(self, path: str) -> bytes | None:
+        with self._lock:
+            for i, (prefix, body) in enumerate(self.scripted):
+                if path.startswith(prefix):
+                    del self.scripted[i]
+                    return body
+        return None
 
     def write(self, exchange: dict[str, Any]) -> None:
         with self._lock, self.out.open("a", encoding="utf-8") as f:
@@ -78,6 +89,10 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            scripted = recorder.script_for(self.path) if self.command == "POST" else None
+            if scripted is not None:
+                self._answer(raw, scripted)
+                return
             up = recorder.upstream
             conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port or 80, timeout=900)
             conn.request(self.command, self.path, body=raw, headers=headers)
@@ -110,6 +125,18 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
                 }
             )
 
+        def _answer(self, raw: bytes, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            recorder.write({"method": self.command, "path": self.path, "scripted": True,
+                            "headers": {k.lower(): ("***" if k.lower() in _SECRET_HEADERS else v)
+                                        for k, v in self.headers.items()},
+                            "body": _body(raw, "application/json"), "status": 200,
+                            "response": sse_events(body)})  # fmt: skip
+
         do_GET = do_POST = do_DELETE = do_HEAD = _relay
 
     return Handler
@@ -127,8 +154,11 @@ def main() -> None:
     parser.add_argument("--listen", type=int, required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--script", nargs=2, action="append", metavar=("PATH", "SSE_FILE"), default=[],
+                        help="answer the first POST to PATH with this SSE body (repeatable, in order)")  # fmt: skip
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.listen), _handler(Recorder(args.out, args.upstream)))
+    scripted = [(path, Path(file).read_bytes()) for path, file in args.script]
+    server = ThreadingHTTPServer(("127.0.0.1", args.listen), _handler(Recorder(args.out, args.upstream, scripted)))
     server.serve_forever()
 
 
