@@ -123,7 +123,7 @@ def _render_message(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any
 
 
 def _render_count(_req: CountTokensRequest, chat: dict[str, Any]) -> dict[str, Any]:
-    return {"input_tokens": messages.usage(chat.get("usage"))["input_tokens"]}
+    return {"input_tokens": messages.prompt_tokens(chat.get("usage"))}
 
 
 @router.post("/v1/messages", include_in_schema=False)

@@ -247,11 +247,23 @@ def matched_stop(choice: dict[str, Any]) -> Any:
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, int]:
+    """Chat usage in Anthropic's terms: prompt tokens served from the engine's prefix cache are
+    `cache_read_input_tokens`, the rest `input_tokens` (their sum is the prompt, as Anthropic counts it;
+    nothing is written to a cache on request, so `cache_creation_input_tokens` is 0)."""
     chat_usage = chat_usage or {}
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    cached = min(prompt, int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
     return {
-        "input_tokens": int(chat_usage.get("prompt_tokens") or 0),
+        "input_tokens": prompt - cached,
         "output_tokens": int(chat_usage.get("completion_tokens") or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
+
+
+def prompt_tokens(chat_usage: dict[str, Any] | None) -> int:
+    """The whole prompt's tokens (count_tokens' answer), cached or not."""
+    return int((chat_usage or {}).get("prompt_tokens") or 0)
 
 
 def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -> dict[str, Any]:

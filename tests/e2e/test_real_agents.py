@@ -67,8 +67,9 @@ def clients() -> Path:
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("real-agents")
     entry = model_entry(smollm2_path, context=CONTEXT, concurrency=1, aliases=["smollm2", *CLAUDE_NAMES])
-    config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=CAP,
-                          max_tokens_over_cap="clamp", max_body_bytes=4 << 20, queue_timeout_s=AGENT_TIMEOUT_S)  # fmt: skip
+    server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
+              "queue_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
+    config = write_config(tmp, smollm2_path, free_port(), models=[entry], **server)
     gw = start_gateway(config, tmp / "gateway.log")
     try:
         gw.wait_ready()

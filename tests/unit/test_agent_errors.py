@@ -21,6 +21,7 @@ from gateway.protocol.responses_api import ResponsesRequest
 from gateway.session import RequestContext, account
 from gateway.translate import MessagesStream, ResponsesStream, parse_body
 from gateway.translate.messages import anthropic_error_body
+from gateway.translate.messages import usage as messages_usage
 from tests.responses_schema import assert_matches
 
 
@@ -116,3 +117,24 @@ def test_an_ollama_format_that_cannot_be_honoured_is_a_400_naming_it(fields: dic
     with pytest.raises(GatewayError) as caught:
         chat(**fields)
     assert caught.value.status == 400 and "format" in caught.value.message
+
+
+def test_prefix_cache_hits_are_cache_read_input_tokens_on_messages() -> None:
+    """Anthropic counts a prompt as input + cache_read + cache_creation; Claude Code sums them."""
+    counted = messages_usage({"prompt_tokens": 9196, "completion_tokens": 3,
+                              "prompt_tokens_details": {"cached_tokens": 9000}})  # fmt: skip
+    assert counted == {"input_tokens": 196, "output_tokens": 3, "cache_creation_input_tokens": 0,
+                       "cache_read_input_tokens": 9000}  # fmt: skip
+    req = parse_body(
+        json.dumps(
+            {"model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode(),
+        MessagesRequest,
+        dotted=True,
+    )
+    stream = MessagesStream(req, message_id="msg_1")
+    stream.feed({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]})
+    stream.feed({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51,
+                                          "prompt_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
+    delta = stream.finish()[-2]
+    assert delta["usage"]["input_tokens"] == 2 and delta["usage"]["cache_read_input_tokens"] == 48

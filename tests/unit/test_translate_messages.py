@@ -288,7 +288,12 @@ def test_text_completion_is_an_end_turn_message() -> None:
         "content": [{"type": "text", "text": "Hello!"}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": 20, "output_tokens": 7},
+        "usage": {
+            "input_tokens": 20,
+            "output_tokens": 7,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
     }
 
 

@@ -146,4 +146,9 @@ async def test_a_completed_message_stream_ends_with_its_usage() -> None:
     events = parse([frame async for frame in message_events(req, session)])  # type: ignore[arg-type]
     assert [e["type"] for e in events[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
     assert events[-2]["delta"]["stop_reason"] == "max_tokens"
-    assert events[-2]["usage"] == {"output_tokens": 2, "input_tokens": 5}
+    assert events[-2]["usage"] == {
+        "output_tokens": 2,
+        "input_tokens": 5,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
