@@ -108,9 +108,10 @@ def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path
     home.mkdir()
     work.mkdir()
     env = {"HOME": str(home), "ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": "no-real-key",
-           # Claude Code's fetch gives up on a non-Anthropic host after ~300 s (a long prefill on a slow host),
-           # whatever the stream sends, unless this is off; API_TIMEOUT_MS bounds the whole request.
-           "API_FORCE_IDLE_TIMEOUT": "0", "API_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000)}  # fmt: skip
+           # A first prefill on a slow host outlasts Claude Code's 300 s stream watchdog, which pings do not
+           # reset (docs/agents.md); these raise it and its HTTP and SDK time-outs to the test's bound.
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000), "API_FORCE_IDLE_TIMEOUT": "0",
+           "API_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000)}  # fmt: skip
     done = _run([str(clients / "claude"), "-p", "--system-prompt", BRIEF, "Say hello"], work, env)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
     assert done.stdout.strip()
