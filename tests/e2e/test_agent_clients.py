@@ -22,12 +22,14 @@ from pydantic import TypeAdapter
 from tests.clients.fixtures import load
 from tests.clients.recorder import sse_events
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.streams import COUNTING
 from tests.responses_schema import assert_event_matches
 
 pytestmark = pytest.mark.e2e
 
 CAP = 24  # server.max_tokens_cap (clamp): every agent turn here is short
+FRONTEND_DEFAULT = 4  # the model's default_max_tokens: for chat requests that set no limit
 CLAUDE_NAMES = ["claude-opus-4-8", "claude-sonnet-4-6", "claude-haiku-4-5", "claude-haiku-4-5-20251001"]
 ANTHROPIC_EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
 
@@ -35,7 +37,8 @@ ANTHROPIC_EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStr
 @pytest.fixture(scope="module")
 def agents(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("agents")
-    entry = model_entry(smollm2_path, context=8192, concurrency=2, aliases=["smollm2", *CLAUDE_NAMES])
+    entry = model_entry(smollm2_path, context=8192, concurrency=2, aliases=["smollm2", *CLAUDE_NAMES],
+                        default_max_tokens=FRONTEND_DEFAULT)  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=CAP,
                           max_tokens_over_cap="clamp", max_body_bytes=4 << 20)  # fmt: skip
     gw = start_gateway(config, tmp / "gateway.log")
@@ -98,6 +101,19 @@ def test_a_resent_namespaced_call_and_its_output_are_accepted(agents: Gateway) -
     output = {"type": "function_call_output", "call_id": "call_ns", "output": "agent-1 started"}
     body["input"] = [*body["input"], call, output]
     assert_codex_stream(*replay(agents, {**exchange, "body": body}))
+
+
+def test_default_max_tokens_bounds_chat_requests_but_not_an_agents_responses_turn(agents: Gateway) -> None:
+    """A chat frontend's background task (no max_tokens) stays short; a Responses turn that sets no limit gets
+    up to the context, bounded here by the cap, which the Response echoes (it was cut at 512 and echoed null)."""
+    counting = [{"role": "user", "content": COUNTING}]
+    chat = httpx.post(agents.base_url + "/chat/completions", json={"model": MODEL, "messages": counting,
+                      "temperature": 0}, timeout=300).json()  # fmt: skip
+    assert chat["usage"]["completion_tokens"] == FRONTEND_DEFAULT
+    turn = httpx.post(agents.base_url + "/responses", json={"model": MODEL, "input": COUNTING, "temperature": 0},
+                      timeout=300).json()  # fmt: skip
+    assert turn["usage"]["output_tokens"] > FRONTEND_DEFAULT
+    assert turn["max_output_tokens"] == CAP and turn["usage"]["output_tokens"] <= CAP
 
 
 def claude_exchanges(name: str) -> list[dict[str, Any]]:
