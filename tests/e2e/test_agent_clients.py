@@ -100,7 +100,9 @@ def test_a_resent_namespaced_call_and_its_output_are_accepted(agents: Gateway) -
             "arguments": json.dumps({"message": "look around"})}  # fmt: skip
     output = {"type": "function_call_output", "call_id": "call_ns", "output": "agent-1 started"}
     body["input"] = [*body["input"], call, output]
-    assert_codex_stream(*replay(agents, {**exchange, "body": body}))
+    final = assert_codex_stream(*replay(agents, {**exchange, "body": body}))
+    # The same history was just served (the test before): its prefix is reported as cached, as OpenAI does.
+    assert 0 < final["usage"]["input_tokens_details"]["cached_tokens"] < final["usage"]["input_tokens"]
 
 
 def test_default_max_tokens_bounds_chat_requests_but_not_an_agents_responses_turn(agents: Gateway) -> None:
