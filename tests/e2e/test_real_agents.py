@@ -4,9 +4,10 @@ Installed once into a cache directory (`VOLTGATE_AGENTS_DIR`, default `<tmp>/vol
 versions the fixtures were recorded with; skipped, saying why, when npm is missing or cannot reach its
 registry. Each client runs in a scratch directory with a scratch home, no real API key, telemetry and
 update checks off and its base URL on the loopback gateway, so nothing leaves 127.0.0.1. Bounded by
-`AGENT_TIMEOUT_S` per turn. Their default tools stay on (Codex's namespace and web_search tools, Claude
-Code's mid-conversation system message); the long built-in instructions are replaced by one sentence so
-that SmolLM2-135M answers and stops, which is what a turn that exits 0 needs.
+`AGENT_TIMEOUT_S` per turn. Codex keeps its default tools (its namespace and web_search tools); Claude Code
+gets two of its tools (`--tools Bash,Read`: its default 24 are ~20k tokens, too long a prefill for a CPU host;
+the default request is replayed from the fixtures). The long built-in instructions are replaced by one
+sentence so that SmolLM2-135M answers and stops, which is what a turn that exits 0 needs.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tmp = tmp_path_factory.mktemp("real-agents")
     entry = model_entry(smollm2_path, context=CONTEXT, concurrency=1, aliases=["smollm2", *CLAUDE_NAMES])
     server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
-              "queue_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
+              "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], **server)
     gw = start_gateway(config, tmp / "gateway.log")
     try:
@@ -112,7 +113,10 @@ def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path
            # reset (docs/agents.md); these raise it and its HTTP and SDK time-outs to the test's bound.
            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000), "API_FORCE_IDLE_TIMEOUT": "0",
            "API_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000)}  # fmt: skip
-    done = _run([str(clients / "claude"), "-p", "--system-prompt", BRIEF, "Say hello"], work, env)
+    # Two of its tools, not its default 24: their definitions alone are ~20k tokens, more than ten minutes of
+    # prefill for SmolLM2 on a small CPU host (the default request's shape is the fixtures' job).
+    argv = [str(clients / "claude"), "-p", "--tools", "Bash,Read", "--system-prompt", BRIEF, "Say hello"]
+    done = _run(argv, work, env)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
     assert done.stdout.strip()
     assert '"endpoint": "messages", "key_id": "open", "status": 200' in gateway.log()
