@@ -19,6 +19,7 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
+from backends.overflow import overflow_counts, overflow_message
 from backends.request import EngineRequest, NamedToolChoice
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
@@ -116,6 +117,9 @@ class LMDeployAdapter:
         # older releases say "exceed session_len"); give it OpenAI's code so clients can react.
         text = err.message.lower()
         if "context length" in text or "session_len" in text or ("exceed" in text and "length" in text):
+            counts = overflow_counts(err.message)
+            if counts is not None:  # in OpenAI's words, which clients match
+                err.message = overflow_message(counts[1], counts[0])
             err.code = "context_length_exceeded"
             err.param = err.param or "messages"
             err.status = 400

@@ -45,6 +45,7 @@ __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
 ServedRequest = InferenceRequest | RerankRequest
+UNCAPPED_APIS = frozenset({"responses"})  # translated APIs that a model's default_max_tokens does not apply to
 PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
@@ -93,7 +94,7 @@ class Service:
         try:
             ctx.principal.check_model(deployment.name, deployment.aliases)
             self._check_capabilities(ctx.kind, parsed, deployment)
-            body = self._engine_body(parsed, deployment)
+            body = self._engine_body(parsed, deployment, api=ctx.api)
             self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
             ctx.principal.admit()
         except GatewayError as exc:
@@ -119,7 +120,7 @@ class Service:
             with contextlib.suppress(GatewayError):
                 label = self.registry.resolve(model).name
         self.metrics.rejections.labels(label, exc.code.value).inc()
-        account(self.metrics, ctx, label, exc.status, None, exc)
+        account(self.metrics, ctx, label, exc.status, None, exc, named=model)
 
     # -- checks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, kind: RequestKind, parsed: ServedRequest, deployment: Deployment) -> None:
@@ -146,7 +147,7 @@ class Service:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} has no tool-call parser configured",
                                param="tools")  # fmt: skip
 
-    def _engine_body(self, parsed: ServedRequest, deployment: Deployment) -> dict[str, Any]:
+    def _engine_body(self, parsed: ServedRequest, deployment: Deployment, *, api: str | None = None) -> dict[str, Any]:
         if isinstance(parsed, EmbeddingRequest):
             model = deployment.plan.remote_model or deployment.plan.model
             return build_embedding_request(parsed, model=model, truncate=deployment.plan.embed_truncate).wire()
@@ -154,9 +155,11 @@ class Service:
             body = parsed.engine_body()
             body["model"] = deployment.plan.remote_model or deployment.plan.model
             return body
+        # A model's `default_max_tokens` keeps chat frontends' background tasks short; an agent on the
+        # Responses API that sets no `max_output_tokens` gets what OpenAI gives: up to the context.
         limit = token_limit(
             parsed,
-            default_max_tokens=deployment.default_max_tokens,
+            default_max_tokens=None if api in UNCAPPED_APIS else deployment.default_max_tokens,
             cap=self.settings.max_tokens_cap,
             clamp=self.settings.max_tokens_over_cap == "clamp",
         )

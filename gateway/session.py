@@ -63,9 +63,13 @@ def account(
     status: int,
     tokens: tuple[int, int] | None,
     error: GatewayError | None = None,
+    *,
+    named: str | None = None,
 ) -> None:
-    """Count a request and write its one access-log line (every request that reached a route); a status of
-    400 or more also goes to the recent errors the status page shows, with `error`'s code and message."""
+    """Count a request and write its one access-log line (every request that reached a route). `model` is the
+    metric label (a configured model, or "unknown"); the log line keeps the name the body gave, `named`, when
+    that is no configured model, so a refused request can be traced to what it asked for. A status of 400 or
+    more also goes to the recent errors the status page shows, with `error`'s code and message."""
     ctx.accounted = True
     endpoint = ctx.api or ctx.kind.value
     metrics.requests.labels(model, endpoint, str(status)).inc()
@@ -80,7 +84,7 @@ def account(
         json.dumps(
             {
                 "request_id": ctx.request_id,
-                "model": model,
+                "model": model if named is None or model != "unknown" else named[:200],
                 "endpoint": endpoint,
                 "key_id": ctx.principal.key_id if ctx.principal else None,
                 "status": status,

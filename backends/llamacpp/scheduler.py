@@ -109,9 +109,10 @@ class Scheduler:
 
     Each engine step decodes one token for every generating sequence plus as many pending prompt
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
-    A free slot keeps its sequence's KV; a new prompt goes to the free slot sharing the longest
-    prefix with it (if at least `slots.MIN_REUSE_TOKENS` long, else to the lowest free slot), and only the
-    rest is prefilled. `fill_gaps`: see the module docstring. `sampling_threads`: see `picking`.
+    A free slot keeps its sequence's KV; a new prompt goes to the free slot that keeps the most cached
+    work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
+    shares nothing goes to the emptiest slot), and only the rest is prefilled. `fill_gaps`: see the module
+    docstring. `sampling_threads`: see `picking`.
     """
 
     def __init__(

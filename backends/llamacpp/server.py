@@ -28,6 +28,7 @@ from backends.llamacpp.scheduler import QueueFullError, Scheduler, SchedulerClos
 from backends.llamacpp.text import ChatTemplateError
 from backends.llamacpp.tickets import GenerationRequest, Ticket
 from backends.llamacpp.wire import Kind, Renderer, WireError, logit_bias, new_id, sampling_params
+from backends.overflow import overflow_message
 from backends.request import EngineRequest
 
 log = logging.getLogger("voltgate.worker")
@@ -186,10 +187,11 @@ class WorkerApp:
 
 def _check_length(prepared: Prepared, limit: int, kind: Kind) -> None:
     if len(prepared.tokens) >= limit:
+        field = "messages" if kind == "chat" else "prompt"
         raise WireError(
             400,
-            f"this model's context is {limit} tokens per request, but the prompt has {len(prepared.tokens)}",
-            param="messages" if kind == "chat" else "prompt",
+            overflow_message(limit, len(prepared.tokens), field=field),
+            param=field,
             code="context_length_exceeded",
         )
 

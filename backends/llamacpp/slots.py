@@ -120,18 +120,25 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def pick_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> Slot:
-    """The free slot whose KV shares the longest prefix with `prompt`, if at least `MIN_REUSE_TOKENS`
-    long; else (and on equal reuse) the lowest free slot."""
+    """The free slot that keeps the most cached work: the one whose KV shares the longest prefix with
+    `prompt` (if at least `MIN_REUSE_TOKENS` long), less what the new prompt overwrites there.
+
+    A request that shares nothing useful (a chat frontend's title or tag task) goes to an empty slot, or
+    the one with the least cached, never onto the slot that holds a long hot prefix (a 7k-token tools
+    prompt) while another is free: as llama.cpp's server picks slots by prompt similarity, keeping the hot
+    prefix for the conversation's next message. Ties go to the lowest id (busy slots stay contiguous).
+    """
     best: Slot | None = None
-    best_reuse = -1
+    best_kept = 0
     for slot in slots:  # ascending ids
         if slot.busy:
             continue
         reuse = common_prefix_len(slot.cached, prompt)
         if reuse < MIN_REUSE_TOKENS:
             reuse = 0
-        if reuse > best_reuse:
-            best, best_reuse = slot, reuse
+        kept = reuse - (len(slot.cached) - reuse)  # reused tokens, less the cached ones lost
+        if best is None or kept > best_kept:
+            best, best_kept = slot, kept
     assert best is not None, "admitted without a free slot"
     return best
 

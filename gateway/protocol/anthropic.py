@@ -58,7 +58,10 @@ ContentBlock = Annotated[
 
 
 class InputMessage(Body):
-    role: Literal["user", "assistant"]
+    """A turn. `system` is a mid-conversation system message (Claude Code sends them): text only, placed as
+    Anthropic places them (the translation checks where)."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
@@ -158,6 +161,8 @@ class CountTokensRequest(Body):
 
 
 def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
+    if role == "system" and not isinstance(block, TextBlock):
+        return [(f"{where}.type", "system messages hold text blocks only")]
     if isinstance(block, Refused):
         return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
     if isinstance(block, ToolUseBlock) and role != "assistant":

@@ -219,6 +219,27 @@ class ChatCompletionRequest(_Sampling):
         "turn; on by default when the last message is the assistant's, `false` turns it off",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ollama_format(cls, data: Any) -> Any:
+        """Ollama's `format` (Open WebUI can send it): "json" is JSON mode, a JSON schema is a json_schema
+        response_format; anything else is refused by name. Never silently ignored."""
+        if not isinstance(data, dict) or "format" not in data:
+            return data
+        data = dict(data)
+        fmt = data.pop("format")
+        if fmt in (None, ""):
+            return data
+        if data.get("response_format") is not None:
+            raise ValueError("both Ollama's 'format' and 'response_format' given; send one")
+        if fmt == "json":
+            data["response_format"] = {"type": "json_object"}
+        elif isinstance(fmt, dict):
+            data["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+        else:
+            raise ValueError(f'Ollama\'s format {fmt!r} is not supported: use "json", a JSON schema or response_format')
+        return data
+
     @property
     def continues_reply(self) -> bool:
         return self.messages[-1].role == "assistant" and self.continue_final_message is not False

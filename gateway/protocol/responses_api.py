@@ -2,11 +2,12 @@
 
 Hints with no meaning for generation here (`service_tier`, `prompt_cache_key`, `safety_identifier`,
 `stream_options`, `max_tool_calls`, which only counts built-in tool calls) are ignored, as OpenAI ignores
-unknown fields. `reasoning` is accepted and ignored: no engine here has a reasoning budget, so every effort
-is served the same way and the Response echoes `reasoning.effort: null` to say none was applied. What no
-engine can honour (built-in tools, background mode, conversations, prompt templates, image/file/audio
-inputs, item references, logprobs) is recognised and named by `unsupported()`, which the route turns
-into a 400.
+unknown fields. A `namespace` tool is a group of function tools and is served (see `NamespaceTool`); hosted
+web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
+ignored: no engine here has a reasoning budget, so every effort is served the same way and the Response
+echoes `reasoning.effort: null` to say none was applied. What no engine can honour (other built-in tools,
+background mode, conversations, prompt templates, image/file/audio inputs, item references, logprobs) is
+recognised and named by `unsupported()`, which the route turns into a 400.
 """
 
 from __future__ import annotations
@@ -70,8 +71,13 @@ class FunctionCallItem(Body):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
+    namespace: str | None = None  # set when the function is one of a namespace tool's
     id: str | None = None
     status: ItemStatus | None = None
+
+    def qualified_name(self) -> str:
+        """The name the model knows the function by (`namespace.name` inside a namespace)."""
+        return qualified(self.namespace, self.name)
 
 
 class FunctionCallOutputItem(Body):
@@ -109,10 +115,42 @@ class FunctionTool(Body):
     strict: bool | None = None
 
 
-ResponsesTool = Annotated[
+NamespaceMember = Annotated[
     Annotated[FunctionTool, Tag("function")] | Annotated[Refused, Tag("other")],
     type_tag(frozenset({"function"})),
 ]
+
+
+class NamespaceTool(Body):
+    """Function tools grouped under one name (Codex's multi-agent tools), as OpenAI's `NamespaceToolParam`.
+
+    Not a hosted tool: each member is served as a function tool the model knows as `namespace.name`, and a
+    call to it is a `function_call` item with `namespace` and `name` apart, as OpenAI's output items name it.
+    """
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    tools: list[NamespaceMember] = Field(min_length=1)
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"function", "namespace"})),
+]
+
+# Hosted web search: a capability no engine here has. Codex offers it on every turn by default, so it is
+# dropped (the turn is served without it, the log and the `x-voltgate-dropped-tools` header say so) rather
+# than failing a turn whose model may never search; forcing it with `tool_choice` is still a 400.
+DROPPED_TOOL_TYPES = frozenset({"web_search", "web_search_2025_08_26", "web_search_preview",
+                                "web_search_preview_2025_03_11"})  # fmt: skip
+
+
+def qualified(namespace: str | None, name: str) -> str:
+    """A function's name as the model sees it: `namespace.name` for a namespace's member, else `name`."""
+    return f"{namespace}.{name}" if namespace else name
 
 
 class FunctionToolChoice(Body):
@@ -226,7 +264,28 @@ class ResponsesRequest(Body):
         return [item.model_dump(mode="json", exclude_none=True, by_alias=True) for item in self.items()]
 
     def function_tools(self) -> list[FunctionTool]:
+        """Top-level function tools (not those inside a namespace)."""
         return [tool for tool in self.tools or () if isinstance(tool, FunctionTool)]
+
+    def served_tools(self) -> list[FunctionTool | NamespaceTool]:
+        """The tools the model is given, as the client sent them (dropped and refused ones left out)."""
+        return [tool for tool in self.tools or () if isinstance(tool, FunctionTool | NamespaceTool)]
+
+    def callable_functions(self) -> dict[str, tuple[str | None, FunctionTool]]:
+        """Every function the model may call, by the name it knows it by: (namespace or None, the tool)."""
+        functions: dict[str, tuple[str | None, FunctionTool]] = {}
+        for tool in self.served_tools():
+            if isinstance(tool, FunctionTool):
+                functions[tool.name] = (None, tool)
+                continue
+            for member in tool.tools:
+                if isinstance(member, FunctionTool):
+                    functions[qualified(tool.name, member.name)] = (tool.name, member)
+        return functions
+
+    def dropped_tools(self) -> list[str]:
+        """The types of the offered tools that are left out of the turn (see `DROPPED_TOOL_TYPES`)."""
+        return [tool.type for tool in self.tools or () if isinstance(tool, Refused) and tool.type in DROPPED_TOOL_TYPES]
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, reason) for each requested feature no engine here can honour."""
@@ -256,11 +315,23 @@ class ResponsesRequest(Body):
 
     def _unsupported_tools(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
+        seen: set[str] = set()
         for i, tool in enumerate(self.tools or ()):
-            if isinstance(tool, Refused):
+            if isinstance(tool, Refused) and tool.type not in DROPPED_TOOL_TYPES:
                 problems.append((f"tools[{i}].type", f"built-in tool {tool.type!r} is not supported"))
+            members = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+            for j, member in enumerate(members):
+                where = f"tools[{i}].tools[{j}]" if isinstance(tool, NamespaceTool) else f"tools[{i}]"
+                if isinstance(tool, NamespaceTool) and isinstance(member, Refused):
+                    problems.append((f"{where}.type", f"{member.type!r} tools in a namespace are not supported"))
+                if not isinstance(member, FunctionTool):
+                    continue
+                name = qualified(tool.name, member.name) if isinstance(tool, NamespaceTool) else member.name
+                if name in seen:
+                    problems.append((f"{where}.name", f"more than one function is named {name!r}"))
+                seen.add(name)
         choice = self.tool_choice
-        names = {tool.name for tool in self.function_tools()}
+        names = set(self.callable_functions())
         if isinstance(choice, Refused):
             problems.append(("tool_choice", f"tool_choice of type {choice.type!r} is not supported"))
         elif isinstance(choice, FunctionToolChoice) and choice.name not in names:

@@ -64,8 +64,8 @@ async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator
     yield encode_events(stream.start())
     async with contextlib.aclosing(session.chunks()) as chunks:
         async for chunk in chunks:
-            if isinstance(chunk, bytes):  # a comment while it queues or its model loads
-                yield chunk
+            if isinstance(chunk, bytes):  # a comment while it waits: a ping event instead, which clients count
+                yield chunk + encode_events(stream.keepalive())
                 continue
             error = chunk.get("error")
             if isinstance(error, dict):  # the chat stream broke after its headers were sent
@@ -119,7 +119,7 @@ def _render_message(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any
 
 
 def _render_count(_req: CountTokensRequest, chat: dict[str, Any]) -> dict[str, Any]:
-    return {"input_tokens": messages.usage(chat.get("usage"))["input_tokens"]}
+    return {"input_tokens": messages.prompt_tokens(chat.get("usage"))}
 
 
 @router.post("/v1/messages", include_in_schema=False)

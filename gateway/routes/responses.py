@@ -38,6 +38,7 @@ log = logging.getLogger("voltgate")
 router = APIRouter()
 
 API = "responses"  # the endpoint label of these requests in metrics and the access log
+DROPPED_TOOLS_HEADER = "x-voltgate-dropped-tools"  # the hosted tools a turn was served without (comma-separated)
 
 
 def _store(app: AppContext) -> ResponseStore:
@@ -73,8 +74,8 @@ class _Turn:
         async with contextlib.aclosing(session.chunks()) as chunks:
             try:
                 async for chunk in chunks:
-                    if isinstance(chunk, bytes):  # a comment while it queues or its model loads
-                        yield chunk
+                    if isinstance(chunk, bytes):  # a comment while it waits: an event instead, which Codex counts
+                        yield chunk + encode_events(stream.keepalive())
                         continue
                     error = chunk.get("error")
                     if isinstance(error, dict):  # the chat stream broke after its headers were sent
@@ -116,23 +117,42 @@ async def create_response(request: Request) -> Response:
     app, ctx, raw = await begin(request, RequestKind.CHAT, api=API)
     store = _store(app)
     try:
-        req = parse_body(raw, ResponsesRequest)
+        req = _limited(parse_body(raw, ResponsesRequest), app.service.settings.max_tokens_cap)
         history = await _history(store, req, ctx.principal.key_id)
         chat = chat_request(responses.to_chat(req, history), RESPONSES)
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
     turn = _Turn(req, store, ctx.principal.key_id, new_id("resp"), int(time.time()))
+    headers = _dropped(req, ctx.request_id)
     try:
         result = await app.service.handle(chat, request, ctx, translate=turn.render)
     except GatewayError as exc:  # accounted by the service
         raise renamed(exc, RESPONSES) from None
     if isinstance(result, StreamSession):
-        return RelayResponse(turn.events(result), result.close, headers=SSE_HEADERS)
+        return RelayResponse(turn.events(result), result.close, headers={**SSE_HEADERS, **headers})
     if result.body is None:  # the client went away
         return render(result)
     await turn.save(result.body)
-    return JSONResponse(result.body)
+    return JSONResponse(result.body, headers=headers)
+
+
+def _limited(req: ResponsesRequest, cap: int | None) -> ResponsesRequest:
+    """The request with the output limit it will be served with: a request that sets none is bounded only by
+    the context (as OpenAI serves it) or, when set, by `server.max_tokens_cap`, which the Response echoes."""
+    if req.max_output_tokens is None and cap is not None:
+        return req.model_copy(update={"max_output_tokens": cap})
+    return req
+
+
+def _dropped(req: ResponsesRequest, request_id: str) -> dict[str, str]:
+    """The header naming the offered hosted tools this turn is served without, logged once."""
+    dropped = req.dropped_tools()
+    if not dropped:
+        return {}
+    log.warning("request %s: served without the hosted tools %s (no engine here has them)", request_id,
+                ", ".join(dropped))  # fmt: skip
+    return {DROPPED_TOOLS_HEADER: ", ".join(dropped)}
 
 
 def _reader(request: Request) -> tuple[ResponseStore, str]:

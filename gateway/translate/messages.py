@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from backends.overflow import anthropic_overflow_message, overflow_counts
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import (
     CountTokensRequest,
@@ -69,10 +70,32 @@ def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     system = req.system_text()
     if system:
         messages.append({"role": "system", "content": system})
+    _check_system_turns(req.messages)
     _check_tool_ids(req.messages)
     for message in req.messages:
         messages += _turn(message)
     return messages
+
+
+def _check_system_turns(turns: list[InputMessage]) -> None:
+    """Anthropic's placement of mid-conversation system messages, each break a 400 naming the message: never
+    first, never two in a row, right after a user turn, and either last or followed by an assistant turn."""
+    for i, turn in enumerate(turns):
+        if turn.role != "system":
+            continue
+        before = turns[i - 1].role if i else None
+        after = turns[i + 1].role if i + 1 < len(turns) else None
+        if before is None:
+            why = "a system message cannot be the first message; put it in the top-level `system`"
+        elif before == "system":
+            why = "consecutive system messages are not allowed; merge them into one"
+        elif before != "user":
+            why = "a mid-conversation system message must follow a user message"
+        elif after not in (None, "assistant", "system"):
+            why = "a mid-conversation system message must be the last message or be followed by an assistant message"
+        else:
+            continue
+        raise GatewayError(ErrorCode.INVALID_REQUEST, why, param=f"messages.{i}.role")
 
 
 def _check_tool_ids(turns: list[InputMessage]) -> None:
@@ -95,6 +118,8 @@ def _check_tool_ids(turns: list[InputMessage]) -> None:
 def _turn(message: InputMessage) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    if message.role == "system":  # a mid-conversation system message stays where it is
+        return [{"role": "system", "content": "\n".join(b.text for b in message.content if isinstance(b, TextBlock))}]
     if message.role == "assistant":
         return [_assistant(message.content)]
     return _user(message.content)
@@ -117,7 +142,8 @@ def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
 def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
     """The chat-completions request for `req` (for `CountTokensRequest`: its prompt part only).
 
-    Mapping: system → a leading system message (text blocks joined by newlines); tool_result with
+    Mapping: system → a leading system message (text blocks joined by newlines), a mid-conversation system message → a
+    system message in its place; tool_result with
     is_error → a tool message whose content starts "Error: "; tool_choice any → "required", tool → named, none →
     "none", disable_parallel_tool_use → parallel_tool_calls false; stop_sequences → stop; top_k is the
     gateway's top_k extension; metadata.user_id → user; output_config.format → response_format
@@ -221,11 +247,23 @@ def matched_stop(choice: dict[str, Any]) -> Any:
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, int]:
+    """Chat usage in Anthropic's terms: prompt tokens served from the engine's prefix cache are
+    `cache_read_input_tokens`, the rest `input_tokens` (their sum is the prompt, as Anthropic counts it;
+    nothing is written to a cache on request, so `cache_creation_input_tokens` is 0)."""
     chat_usage = chat_usage or {}
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    cached = min(prompt, int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
     return {
-        "input_tokens": int(chat_usage.get("prompt_tokens") or 0),
+        "input_tokens": prompt - cached,
         "output_tokens": int(chat_usage.get("completion_tokens") or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
+
+
+def prompt_tokens(chat_usage: dict[str, Any] | None) -> int:
+    """The whole prompt's tokens (count_tokens' answer), cached or not."""
+    return int((chat_usage or {}).get("prompt_tokens") or 0)
 
 
 def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -> dict[str, Any]:
@@ -299,7 +337,11 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
 
 def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
     """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message
-    unless the message already names it as "param: ..." or "...: param"."""
+    unless the message already names it as "param: ..." or "...: param". A prompt over the context says so in
+    Anthropic's words ("prompt is too long: N tokens > M maximum"), which Claude Code acts on."""
+    counts = overflow_counts(error.message) if error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED else None
+    if counts is not None:
+        return anthropic_error(error.status, anthropic_overflow_message(*counts))
     message = error.message
     named = message.startswith(f"{error.param}:") or message.endswith(f": {error.param}")
     if error.param and not named:

@@ -6,7 +6,8 @@
     message_delta (stop_reason, stop_sequence, usage) → message_stop        — or, on failure, error
 
 Input tokens are only known when the chat stream's usage chunk arrives, so message_start reports 0 and
-message_delta carries the real `input_tokens` with `output_tokens` (the SDK takes both from there).
+message_delta carries the real `input_tokens`, `cache_read_input_tokens` (the prompt's prefix-cache hit) and
+`output_tokens` (the SDK and Claude Code take them from there).
 Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids.
 """
 
@@ -62,8 +63,13 @@ class MessagesStream:
         if self._started:
             return []
         self._started = True
-        message = self._message(content=[], stop=(None, None), usage={"input_tokens": 0, "output_tokens": 0})
+        message = self._message(content=[], stop=(None, None), usage=usage(None))
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
+
+    def keepalive(self) -> list[dict[str, Any]]:
+        """A `ping` event while the stream waits (queued, loading, prefilling), as Anthropic's streams have
+        them: SDKs and Claude Code count events, not SSE comments, as activity."""
+        return [] if self._ended else [*self.start(), {"type": "ping"}]
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events for one `chat.completion.chunk` dict."""
@@ -146,7 +152,10 @@ class MessagesStream:
         )
 
     def _input_usage(self) -> dict[str, int]:
-        return {"input_tokens": usage(self._usage)["input_tokens"]} if self._usage else {}
+        if not self._usage:
+            return {}
+        counted = usage(self._usage)
+        return {k: counted[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
 
     def _on_text(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

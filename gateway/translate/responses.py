@@ -32,8 +32,14 @@ from gateway.translate.ids import new_id
 
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 
-# The Response's `error.code` is an enum; gateway codes outside it are reported as server errors.
-_RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
+# The Response's `error.code` is an enum: a gateway code maps onto its nearest member (else server_error), and
+# the stream's `error` event carries the same code, so a client reads one reason whichever it looks at.
+_RESPONSE_ERROR_CODES = {
+    "rate_limit_exceeded": "rate_limit_exceeded",
+    "queue_full": "rate_limit_exceeded",
+    "context_length_exceeded": "invalid_prompt",
+    "invalid_prompt": "invalid_prompt",
+}
 
 
 # -- request ----------------------------------------------------------------------------------------------
@@ -44,7 +50,8 @@ def _text_parts(content: str | list[Any]) -> str | list[dict[str, str]]:
 
 
 def _call(item: FunctionCallItem) -> dict[str, Any]:
-    return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+    function = {"name": item.qualified_name(), "arguments": item.arguments}
+    return {"id": item.call_id, "type": "function", "function": function}
 
 
 def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, Any]]:
@@ -117,10 +124,11 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, A
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if messages and messages[-1]["role"] == "assistant":
         body["continue_final_message"] = False  # the Responses API has no prefill: always a new turn
-    tools = req.function_tools()
-    if tools:
+    functions = req.callable_functions()
+    if functions:
         body["tools"] = [
-            {"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)} for tool in tools
+            {"type": "function", "function": {**tool.model_dump(exclude={"type"}, exclude_none=True), "name": name}}
+            for name, (_, tool) in functions.items()
         ]
     optional = {
         "tool_choice": _tool_choice(req),
@@ -203,7 +211,7 @@ def response_object(
         "temperature": req.temperature,
         "text": {"format": _echo_format(req)},
         "tool_choice": _echo_tool_choice(req),
-        "tools": [tool.model_dump(mode="json") for tool in req.function_tools()],
+        "tools": [tool.model_dump(mode="json") for tool in req.served_tools()],
         "top_p": req.top_p,
         "truncation": "disabled",
     }
@@ -228,18 +236,22 @@ def message_item(item_id: str, text: str, *, status: str, refusal: str | None = 
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, *, status: str) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, *, status: str, req: ResponsesRequest | None = None
+) -> dict[str, Any]:
+    """A function_call item; a call to a namespace's function (`req` says which) names `namespace` and `name`
+    apart, as OpenAI's output items do."""
+    namespace, local = None, name
+    known = req.callable_functions().get(name) if req is not None else None
+    if known is not None and known[0] is not None:
+        namespace, local = known[0], known[1].name
+    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": local}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return {**item, "arguments": arguments, "status": status}
 
 
-def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
+def _output(message: dict[str, Any], status: str, req: ResponsesRequest) -> list[dict[str, Any]]:
     output: list[dict[str, Any]] = []
     text, refusal, calls = message.get("content"), message.get("refusal"), message.get("tool_calls") or []
     if text or refusal is not None or not calls:
@@ -248,7 +260,7 @@ def _output(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
         function = call.get("function") or {}
         call_id = call.get("id") or new_id("call")
         name, arguments = function.get("name", ""), function.get("arguments") or ""
-        output.append(function_call_item(new_id("fc"), call_id, name, arguments, status=status))
+        output.append(function_call_item(new_id("fc"), call_id, name, arguments, status=status, req=req))
     return output
 
 
@@ -271,7 +283,7 @@ def to_response(
         created_at=created_at,
         completed_at=completed_at if completed_at is not None else created_at,
         status=status,
-        output=_output(choice.get("message") or {}, status),
+        output=_output(choice.get("message") or {}, status, req),
         model=chat.get("model"),
         usage=usage(chat.get("usage")),
         incomplete_reason=reason,
@@ -279,8 +291,9 @@ def to_response(
 
 
 def response_error(message: str, code: str) -> dict[str, Any]:
-    """A failed Response's `error`; codes outside OpenAI's enum are reported as `server_error`."""
-    return {"code": code if code in _RESPONSE_ERROR_CODES else "server_error", "message": message}
+    """A failed Response's `error`: the gateway's code as the nearest member of OpenAI's enum (queue_full,
+    rate_limit_exceeded → rate_limit_exceeded; context_length_exceeded → invalid_prompt; else server_error)."""
+    return {"code": _RESPONSE_ERROR_CODES.get(code, "server_error"), "message": message}
 
 
 # -- stored input items -----------------------------------------------------------------------------------

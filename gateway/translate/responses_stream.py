@@ -138,7 +138,8 @@ class ResponsesStream:
         if current is not None:
             self._output[current.output_index] = self._item(current, "incomplete")
             self._current = None
-        events.append(self._event("error", code=code, message=message, param=None))
+        error = response_error(message, code)
+        events.append(self._event("error", code=error["code"], message=message, param=None))
         self._final = response_object(
             self._req,
             response_id=self._response_id,
@@ -147,10 +148,17 @@ class ResponsesStream:
             output=list(self._output),
             model=self._model,
             usage=usage(self._usage),
-            error=response_error(message, code),
+            error=error,
         )
         events.append(self._event("response.failed", response=self._final))
         return events
+
+    def keepalive(self) -> list[dict[str, Any]]:
+        """A `response.in_progress` event while the stream waits (queued, loading, prefilling): SSE comments
+        are no activity to Codex, which drops a stream after `stream_idle_timeout_ms` without an event."""
+        if self._final is not None:
+            return []
+        return [*self.start(), self._event("response.in_progress", response=self._snapshot("in_progress"))]
 
     def final_response(self) -> dict[str, Any]:
         """The Response as it ended (to store after streaming); while streaming, an in-progress snapshot."""
@@ -245,7 +253,7 @@ class ResponsesStream:
         if isinstance(state, _Text):
             return message_item(state.item_id, "".join(state.text), status=status)
         arguments = "".join(state.arguments)
-        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status)
+        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status, req=self._req)
 
     def _close_current(self, status: str) -> list[dict[str, Any]]:
         current, self._current = self._current, None
@@ -263,7 +271,7 @@ class ResponsesStream:
         else:
             events = [
                 self._event(
-                    "response.function_call_arguments.done", **where, name=current.name, arguments=item["arguments"]
+                    "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
                 )
             ]
         events.append(self._event("response.output_item.done", output_index=current.output_index, item=item))

@@ -162,7 +162,8 @@ def test_a_deleted_response_is_gone(gateway: Gateway) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "web_search_preview"}, "tools": [{"type": "web_search_preview"}]}, "tool_choice"),
         ({"background": True}, "background"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

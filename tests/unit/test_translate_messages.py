@@ -246,7 +246,7 @@ def test_what_no_engine_can_honour_is_a_400_naming_the_param(fields: dict[str, A
     [
         ({"model": "smol", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"model": "smol", "max_tokens": 1, "messages": []}, "messages"),
-        ({"model": "smol", "max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"model": "smol", "max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"model": "smol", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
             "messages.0.content.0.text",
@@ -288,7 +288,12 @@ def test_text_completion_is_an_end_turn_message() -> None:
         "content": [{"type": "text", "text": "Hello!"}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": 20, "output_tokens": 7},
+        "usage": {
+            "input_tokens": 20,
+            "output_tokens": 7,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
     }
 
 

@@ -307,7 +307,8 @@ def test_cached_prompt_tokens_are_reported() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "web_search_preview"}, "tools": [{"type": "web_search_preview"}]}, "tool_choice"),
         ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]}, "tools[1].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},

@@ -213,7 +213,7 @@ def test_failure_mid_stream_is_an_error_event_then_response_failed() -> None:
     events += stream.fail("the worker crashed", "worker_unavailable")
     check(events)
     assert types(events)[-2:] == ["error", "response.failed"]
-    assert events[-2]["code"] == "worker_unavailable" and events[-2]["message"] == "the worker crashed"
+    assert events[-2]["code"] == "server_error" and events[-2]["message"] == "the worker crashed"  # as in the Response
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"] == {"code": "server_error", "message": "the worker crashed"}
     assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "Hal"

@@ -86,7 +86,7 @@ async def test_responses_refusals_are_openai_errors_counted_as_responses(tmp_pat
     async with gateway(tmp_path, metrics) as http:
         unauthenticated = await http.post("/v1/responses", json={"model": "m", "input": "hi"})
         hi = {"model": "m", "input": "hi"}
-        builtin = await http.post("/v1/responses", json={**hi, "tools": [{"type": "web_search"}]}, headers=auth)
+        builtin = await http.post("/v1/responses", json={**hi, "tools": [{"type": "file_search"}]}, headers=auth)
         previous = await http.post("/v1/responses", json={**hi, "previous_response_id": "resp_x"}, headers=auth)
         unplaced = await http.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=auth)
         by_x_api_key = await http.post("/v1/responses", json={"model": "m", "input": "hi"}, headers={"x-api-key": KEY})

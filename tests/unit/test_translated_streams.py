@@ -121,7 +121,9 @@ async def test_a_chat_error_mid_stream_is_an_anthropic_error_event() -> None:
     assert session.closed
 
 
-async def test_comments_said_while_waiting_pass_through_both_apis_untouched(tmp_path: Path) -> None:
+async def test_comments_said_while_waiting_pass_through_both_apis_with_an_event_clients_count(tmp_path: Path) -> None:
+    """The comment says what the stream waits for (curl users read it); the event after it (`ping`,
+    `response.in_progress`) is what resets an SDK's or an agent's idle timer (issue 22)."""
     waiting = b": waiting for a free slot\n\n"
     req = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "stream": True, "messages": [
         {"role": "user", "content": "hi"}]})  # fmt: skip
@@ -130,8 +132,10 @@ async def test_comments_said_while_waiting_pass_through_both_apis_untouched(tmp_
     store = ResponseStore(tmp_path)
     responses_frames = [frame async for frame in turn(store, store=False).events(FakeSession(chunks))]  # type: ignore[arg-type]
     store.close()
-    for frames in (messages_frames, responses_frames):
-        assert waiting in frames and frames.index(waiting) == 1  # right after message_start / response.created
+    for frames, keepalive in ((messages_frames, "ping"), (responses_frames, "response.in_progress")):
+        waited = next(i for i, frame in enumerate(frames) if frame.startswith(waiting))
+        assert waited == 1  # right after message_start / response.created
+        assert [e["type"] for e in parse([frames[waited]])] == [keepalive]
         assert parse(frames)[-1]["type"] in ("message_stop", "response.completed")
 
 
@@ -142,4 +146,9 @@ async def test_a_completed_message_stream_ends_with_its_usage() -> None:
     events = parse([frame async for frame in message_events(req, session)])  # type: ignore[arg-type]
     assert [e["type"] for e in events[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
     assert events[-2]["delta"]["stop_reason"] == "max_tokens"
-    assert events[-2]["usage"] == {"output_tokens": 2, "input_tokens": 5}
+    assert events[-2]["usage"] == {
+        "output_tokens": 2,
+        "input_tokens": 5,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }

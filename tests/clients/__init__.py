@@ -1,0 +1,1 @@
+"""Tools for recording real clients (Codex CLI, Claude Code) and the fixtures made from them."""

@@ -1,0 +1,122 @@
+"""The real Codex CLI and Claude Code binaries from npm, each completing a turn against `voltgate serve`.
+
+Installed once into a cache directory (`VOLTGATE_AGENTS_DIR`, default `<tmp>/voltgate-agent-clients`) at the
+versions the fixtures were recorded with; skipped, saying why, when npm is missing or cannot reach its
+registry. Each client runs in a scratch directory with a scratch home, no real API key, telemetry and
+update checks off and its base URL on the loopback gateway, so nothing leaves 127.0.0.1. Bounded by
+`AGENT_TIMEOUT_S` per turn. Codex keeps its default tools (its namespace and web_search tools); Claude Code
+gets two of its tools (`--tools Bash,Read`: its default 24 are ~20k tokens, too long a prefill for a CPU host;
+the default request is replayed from the fixtures). The long built-in instructions are replaced by one
+sentence so that SmolLM2-135M answers and stops, which is what a turn that exits 0 needs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CODEX = "@openai/codex@0.171.0"
+CLAUDE = "@anthropic-ai/claude-code@2.1.197"
+AGENT_TIMEOUT_S = 1200
+CAP = 300  # server.max_tokens_cap: room for SmolLM2 to end its answer itself (a cut turn fails in Codex)
+CONTEXT = 32768  # the agents' tool definitions alone are 5-20k tokens
+BRIEF = "You are a helpful assistant. Answer in one short sentence."
+CLAUDE_NAMES = ["claude-opus-4-8", "claude-sonnet-4-6", "claude-haiku-4-5", "claude-haiku-4-5-20251001"]
+QUIET = {
+    "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1", "NO_UPDATE_NOTIFIER": "1",
+}  # fmt: skip
+
+
+def _install(prefix: Path) -> Path:
+    """The clients' bin directory, installed by npm if not yet there; skips when npm cannot."""
+    bin_dir = prefix / "node_modules" / ".bin"
+    if (bin_dir / "codex").exists() and (bin_dir / "claude").exists():
+        return bin_dir
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: the real Codex CLI and Claude Code cannot be installed")
+    prefix.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", CODEX, CLAUDE],
+                              capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.skip("npm install did not finish in 900 s: the registry is unreachable or too slow")
+    if done.returncode != 0:
+        pytest.skip(f"npm could not install the clients (registry unreachable?): {done.stderr.strip()[-400:]}")
+    return bin_dir
+
+
+@pytest.fixture(scope="module")
+def clients() -> Path:
+    default = Path(tempfile.gettempdir()) / "voltgate-agent-clients"
+    return _install(Path(os.environ.get("VOLTGATE_AGENTS_DIR", default)))
+
+
+@pytest.fixture(scope="module")
+def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("real-agents")
+    entry = model_entry(smollm2_path, context=CONTEXT, concurrency=1, aliases=["smollm2", *CLAUDE_NAMES])
+    server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
+              "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
+    config = write_config(tmp, smollm2_path, free_port(), models=[entry], **server)
+    gw = start_gateway(config, tmp / "gateway.log")
+    try:
+        gw.wait_ready()
+        yield gw
+    finally:
+        stop_gateway(gw)
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
+    return subprocess.run(argv, cwd=cwd, env={**base, **QUIET, **env}, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=AGENT_TIMEOUT_S, check=False)  # fmt: skip
+
+
+def test_codex_exec_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "instructions.md").write_text(BRIEF + "\n")
+    (home / "config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "voltgate"\nmodel_context_window = {CONTEXT}\n'
+        f'model_instructions_file = "{home / "instructions.md"}"\ncheck_for_update_on_startup = false\n\n'
+        "[analytics]\nenabled = false\n\n[feedback]\nenabled = false\n\n"
+        f'[model_providers.voltgate]\nname = "voltgate"\nbase_url = "{gateway.base_url}"\n'
+        'env_key = "VOLTGATE_API_KEY"\nwire_api = "responses"\nstream_idle_timeout_ms = 600000\n'
+        "request_max_retries = 0\nstream_max_retries = 0\n"
+    )
+    done = _run([str(clients / "codex"), "exec", "--skip-git-repo-check", "Say hello"], work,
+                {"CODEX_HOME": str(home), "VOLTGATE_API_KEY": "no-real-key", "HOME": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
+    assert "served without the hosted tools web_search" in gateway.log()
+
+
+def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+    home, work = tmp_path / "claude-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {"HOME": str(home), "ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": "no-real-key",
+           # A first prefill on a slow host outlasts Claude Code's 300 s stream watchdog, which pings do not
+           # reset (docs/agents.md); these raise it and its HTTP and SDK time-outs to the test's bound.
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000), "API_FORCE_IDLE_TIMEOUT": "0",
+           "API_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000)}  # fmt: skip
+    # Two of its tools, not its default 24: their definitions alone are ~20k tokens, more than ten minutes of
+    # prefill for SmolLM2 on a small CPU host (the default request's shape is the fixtures' job).
+    argv = [str(clients / "claude"), "-p", "--tools", "Bash,Read", "--system-prompt", BRIEF, "Say hello"]
+    done = _run(argv, work, env)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
+    assert done.stdout.strip()
+    assert '"endpoint": "messages", "key_id": "open", "status": 200' in gateway.log()
