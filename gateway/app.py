@@ -213,6 +213,7 @@ def _deployment(
     admission = Admission(plan.model, capacity, spec.max_queue, config.server.queue_timeout_s)
     return Deployment(
         spec.name, spec.aliases, plan, adapter, worker, admission, default_max_tokens=spec.default_max_tokens,
+        sampling=spec.sampling.model_dump(exclude_none=True),
         load=spec.load, idle_unload_s=spec.idle_unload_s,
     )  # fmt: skip
 

@@ -25,6 +25,17 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SamplingDefaults(_Spec):
+    """A model's sampling for requests that leave a field out (llama-server's defaults, per model): a client
+    that sends the field keeps its value. Empty by default: the engine's own defaults apply."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+
+
 class GGUFSource(_Spec):
     """A GGUF file: a path, or `package:<python package>/<file>` for a model shipped inside a wheel."""
 
@@ -207,6 +218,9 @@ class ModelSpec(_Spec):
     max_queue: int = Field(default=64, ge=0, description="requests the gateway queues for this model before 429")
     default_max_tokens: int | None = Field(
         default=None, ge=1, description="max_tokens for requests that give none (default: server.max_tokens_cap)"
+    )
+    sampling: SamplingDefaults = Field(
+        default_factory=lambda: SamplingDefaults(), description="sampling for requests that set none of a field"
     )
     engine: Literal["auto", "lmdeploy", "llamacpp"] = "auto"
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")

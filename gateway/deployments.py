@@ -23,6 +23,7 @@ class Deployment:
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
     default_max_tokens: int | None = None
+    sampling: dict[str, float | int] = field(default_factory=dict)  # the model's defaults (config `sampling`)
     load: Literal["always", "on_demand"] = "always"
     idle_unload_s: float | None = None
 

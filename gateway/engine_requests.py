@@ -8,6 +8,7 @@ template knows `system`), content parts are flattened to text, `max_completion_t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -76,11 +77,16 @@ def token_limit(
 
 
 def build_engine_request(
-    parsed: ChatCompletionRequest | CompletionRequest, *, model: str, max_tokens: int | None = None
+    parsed: ChatCompletionRequest | CompletionRequest,
+    *,
+    model: str,
+    max_tokens: int | None = None,
+    defaults: Mapping[str, float | int] | None = None,
 ) -> EngineRequest:
-    """The engine request for `parsed` (with `max_tokens` from `token_limit`); a combination the engine
-    request refuses is a 400 naming it."""
-    body: dict[str, Any] = {"model": model, "stream": parsed.stream, "stop": parsed.stops(), **_sampling(parsed)}
+    """The engine request for `parsed` (with `max_tokens` from `token_limit`, and the model's sampling
+    `defaults` for the fields it leaves out); a combination the engine request refuses is a 400 naming it."""
+    sampling = {**(defaults or {}), **_sampling(parsed)}
+    body: dict[str, Any] = {"model": model, "stream": parsed.stream, "stop": parsed.stops(), **sampling}
     if parsed.stream:
         body["stream_options"] = {"include_usage": True}
     if max_tokens is not None:

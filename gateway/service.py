@@ -164,7 +164,9 @@ class Service:
             clamp=self.settings.max_tokens_over_cap == "clamp",
         )
         model = deployment.plan.remote_model or deployment.plan.model
-        engine_request: EngineRequest = build_engine_request(parsed, model=model, max_tokens=limit)
+        engine_request: EngineRequest = build_engine_request(
+            parsed, model=model, max_tokens=limit, defaults=deployment.sampling
+        )
         return deployment.adapter.translate_request(engine_request)
 
     # -- non-streaming ----------------------------------------------------------------------------------
