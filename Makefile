@@ -66,7 +66,7 @@ plan: $(VENV)/.installed
 	$(VENV)/bin/voltgate plan --config $(CONFIG)
 
 test: $(VENV)/.installed-test selftest
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 # The fast loop: unit tests only (no native library loaded, no process started); seconds, not minutes.
 test-unit: $(VENV)/.installed-test
