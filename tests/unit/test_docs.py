@@ -171,3 +171,17 @@ def test_every_doc_is_listed_in_the_docs_index() -> None:
     listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", index))
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"index.md"}
     assert sorted(pages - listed) == [], "docs/index.md does not list these pages"
+
+
+def test_every_doc_the_code_cites_exists() -> None:
+    """Background facts the code cites (`docs/hardware.md`, ...) live in the repository, not only in a comment."""
+    cited = {
+        (path.relative_to(REPO).as_posix(), doc)
+        for folder in ("gateway", "backends", "bench", "configs", "tests")
+        for path in (REPO / folder).rglob("*")
+        if path.is_file() and path.suffix in {".py", ".yaml", ".js", ".sh", ".html"} and ".venv" not in path.parts
+        for doc in re.findall(r"\bdocs/[\w-]+\.md\b", path.read_text(errors="replace"))
+    }
+    cited |= {("Makefile", doc) for doc in re.findall(r"\bdocs/[\w-]+\.md\b", (REPO / "Makefile").read_text())}
+    missing = sorted(f"{source} cites {doc}" for source, doc in cited if not (REPO / doc).exists())
+    assert missing == [], "\n".join(missing)
