@@ -104,7 +104,7 @@ class Metrics:
         if gpu:
             r.register(GpuCollector())
 
-    # The catalogue, one declaration per metric (README and the Grafana dashboard list them all: a test checks).
+    # The catalogue, one declaration per metric (docs/metrics.md and the Grafana dashboard list them all; tested).
     def _request_series(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "voltgate:requests",

@@ -1,6 +1,6 @@
 """Extract the operations voltgate serves from OpenAI's published OpenAPI document, for the fuzz tests.
 
-    python tests/schemas/extract_openai_operations.py ../shared/openai/openapi.json \
+    python tests/schemas/extract_openai_operations.py openai-openapi/openapi.json \
         > tests/schemas/openai_operations.json
 
 Source: openai/openai-openapi (commit f85dbe2), MIT licence. Kept: the operations below, every component they

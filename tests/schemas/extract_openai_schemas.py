@@ -1,6 +1,6 @@
 """Extract the response schemas the tests validate against from OpenAI's published OpenAPI document.
 
-    python tests/schemas/extract_openai_schemas.py ../shared/openai/openapi.json > tests/schemas/openai.json
+    python tests/schemas/extract_openai_schemas.py openai-openapi/openapi.json > tests/schemas/openai.json
 
 Source: openai/openai-openapi (commit f85dbe2), MIT licence. Only the named schemas and everything they
 reference are kept, so the test suite is self-contained in a fresh clone.

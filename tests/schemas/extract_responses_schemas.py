@@ -1,6 +1,6 @@
 """Extract the Responses API schemas the translation tests validate against from OpenAI's OpenAPI document.
 
-    python tests/schemas/extract_responses_schemas.py ../shared/openai/openapi.json \
+    python tests/schemas/extract_responses_schemas.py openai-openapi/openapi.json \
         > tests/schemas/openai_responses.json
 
 Source: openai/openai-openapi (commit f85dbe2), MIT licence. The named schemas and everything they reference

@@ -1,4 +1,4 @@
-"""The memory estimates reproduce what DESIGN.md measured on the GPU machine (H200 held to a V100's memory)."""
+"""The memory estimates reproduce what was measured on the GPU machine (docs/hardware.md: H200 held to a V100)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_turbomind_forced_cache_ratio_is_checked(llama7b: SourceInfo) -> None:
 # --- llama.cpp: llama-cpp-python 0.3.36, CUDA, flash attention, n_batch 512 -----------------------------
 
 MEASURED_LLAMACPP = [
-    # GGUF, n_gpu_layers (33 = all + output head), n_ctx, GPU MiB measured (DESIGN.md)
+    # GGUF, n_gpu_layers (33 = all + output head), n_ctx, GPU MiB measured (docs/hardware.md)
     ("F16", 33, 4096, 15_449),
     ("F16", 33, 16_384, 21_605),
     ("F16", 16, 4096, 7_861),

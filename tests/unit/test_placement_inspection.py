@@ -29,9 +29,9 @@ def test_hf_fp16_sizes_come_from_safetensors_headers(tmp_path: Path) -> None:
     info = inspect_hf_dir(write_hf_model(tmp_path / "m", LLAMA2_7B))
     assert info.format == "hf" and info.torch_dtype == "float16"
     assert info.n_params == LLAMA2_7B_PARAMS
-    assert info.weights_bytes == 2 * LLAMA2_7B_PARAMS  # 12,853 MiB; DESIGN.md measured 12,856 on the card
+    assert info.weights_bytes == 2 * LLAMA2_7B_PARAMS  # 12,853 MiB; docs/hardware.md: 12,856 measured on the card
     assert info.shape.n_layers == 32 and info.shape.n_kv_heads == 32 and info.shape.head_dim == 128
-    assert info.shape.kv_bytes_per_token() == 512 * 1024  # DESIGN.md: 512 KiB/token
+    assert info.shape.kv_bytes_per_token() == 512 * 1024  # docs/hardware.md: 512 KiB/token
     assert len(info.layer_bytes) == 32 and len(set(info.layer_bytes)) == 1
     assert info.embedding_bytes == 32000 * 4096 * 2
     assert sum(info.layer_bytes) + info.embedding_bytes + info.output_bytes == info.weights_bytes
@@ -81,7 +81,7 @@ def test_awq_declared_without_quantization_config_is_an_error(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("quant", "mib", "bits"),
-    # DESIGN.md's measured file sizes for the Llama-2-7B shape: F16 12,853, Q8_0 6,829, Q4_K_M 3,891 MiB
+    # docs/hardware.md's measured file sizes for the Llama-2-7B shape: F16 12,853, Q8_0 6,829, Q4_K_M 3,891 MiB
     [("F16", 12_853, 16.0), ("Q8_0", 6_829, 8.5), ("Q4_K_M", 3_891, 4.84)],
 )
 def test_gguf_sizes_match_real_files(tmp_path: Path, quant: str, mib: int, bits: float) -> None:

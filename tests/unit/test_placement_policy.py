@@ -1,7 +1,7 @@
 """The placement decision guide, as a table: which engine, precision, GPUs and context each model gets.
 
 Model files are header-only copies of real checkpoints (tests/unit/placement_models.py); GPU layouts are
-simulated V100s with the free memory DESIGN.md measured against (16,160 and 32,510 MiB).
+simulated V100s with the free memory measured against in docs/hardware.md (16,160 and 32,510 MiB).
 """
 
 from __future__ import annotations
