@@ -143,6 +143,37 @@ class MultimodalPrompt:
         return self._handle
 
 
+def cache_tokens(prompt: MultimodalPrompt) -> list[int]:
+    """The prompt as a slot's cached token list: text tokens as they are, each image token a negative id.
+
+    All tokens of one image get the same id, taken from the image's digest, so a cached prefix compares
+    equal only where the same image sits at the same place (negative: never a vocabulary id). Cut a
+    reused prefix with `reusable_prefix`, never inside an image.
+    """
+    out: list[int] = []
+    for chunk in prompt.chunks:
+        if isinstance(chunk, TextChunk):
+            out.extend(chunk.tokens)
+        else:
+            out.extend([-1 - int(chunk.image_id[:12] or "0", 16)] * chunk.n_tokens)
+    return out
+
+
+def reusable_prefix(prompt: MultimodalPrompt, n_common: int) -> int:
+    """The longest prefix of at most `n_common` tokens that ends between chunks or inside a text chunk.
+
+    An image's embeddings are decoded whole: a cached prefix that ends inside an image is cut back to the
+    image's start, and the image is evaluated again.
+    """
+    start = 0
+    for chunk in prompt.chunks:
+        end = start + chunk.n_tokens
+        if n_common < end:
+            return start if isinstance(chunk, ImageChunk) else n_common
+        start = end
+    return min(n_common, start)
+
+
 class _LogForwarder:
     """mtmd's and clip's warnings and errors to our logger, one line each; the per-image chatter dropped."""
 

@@ -24,7 +24,9 @@ from backends.llamacpp.vision import (
     TextChunk,
     VisionError,
     VisionProjector,
+    cache_tokens,
     mmproj_beside,
+    reusable_prefix,
 )
 from tests.fixtures.vlm.build import TinyClipSpec, write_tiny_mmproj
 
@@ -63,6 +65,14 @@ def projector(model: native.Model, mmproj: Path) -> Iterator[VisionProjector]:
     loaded = VisionProjector.load(mmproj, model._model)  # the lead's wiring adds a public raw-model accessor
     yield loaded
     loaded.close()
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """What the worker's slot choice computes (kept here: the worker modules are moving)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _last_logits(model: native.Model) -> np.ndarray:
@@ -198,3 +208,32 @@ def test_the_mmproj_beside_a_gguf_is_found(tmp_path: Path) -> None:
     assert mmproj_beside(model_path) == tmp_path / "mmproj-model-f16.gguf"
     (tmp_path / "mmproj-model-f32.gguf").write_bytes(b"")
     assert mmproj_beside(model_path) is None  # two candidates: the config must name one
+
+
+@pytest.mark.parametrize("size", [(1, 1), (1000, 2), (2, 1000)])
+def test_extreme_shapes_are_encoded_without_trouble(
+    model: native.Model, projector: VisionProjector, size: tuple[int, int]
+) -> None:
+    logits = _reference_logits(model, projector, _picture((90, 90, 90), size=size))
+    assert np.isfinite(logits).all()
+
+
+def test_a_cached_prefix_matches_only_the_same_image_and_is_never_cut_inside_one(
+    projector: VisionProjector,
+) -> None:
+    red, blue = _picture((250, 0, 0)), _picture((0, 0, 250))
+    with (
+        projector.tokenize(_prompt(projector.marker, "Describe it."), [red]) as a,
+        projector.tokenize(_prompt(projector.marker, "What colour?"), [red]) as same_image,
+        projector.tokenize(_prompt(projector.marker, "Describe it."), [blue]) as other_image,
+    ):
+        first_text = a.chunks[0].n_tokens
+        end_of_image = first_text + SPEC.image_tokens
+        assert all(t < 0 for t in cache_tokens(a)[first_text:end_of_image])
+        shared = common_prefix_len(cache_tokens(a), cache_tokens(same_image))
+        assert shared == end_of_image  # the same image is shared; the questions differ right after it
+        assert reusable_prefix(same_image, shared) == shared
+        differ = common_prefix_len(cache_tokens(a), cache_tokens(other_image))
+        assert differ == first_text  # another image: only the text before it
+        assert reusable_prefix(a, first_text + 5) == first_text  # inside the image: back to its start
+        assert reusable_prefix(a, 10_000) == a.n_tokens
