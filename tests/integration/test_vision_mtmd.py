@@ -28,7 +28,7 @@ from backends.llamacpp.vision import (
     mmproj_beside,
     reusable_prefix,
 )
-from tests.fixtures.vlm.build import TinyClipSpec, write_tiny_mmproj
+from tests.fixtures.vlm.build import TinyClipSpec, vlm_dir, write_tiny_mmproj
 
 pytestmark = pytest.mark.integration
 
@@ -155,9 +155,7 @@ def test_the_workers_chunked_path_matches_the_reference(model: native.Model, pro
     np.testing.assert_allclose(_last_logits(model), reference, rtol=0, atol=1e-3)
 
 
-def test_a_text_sequence_beside_an_image_sequence_is_unchanged(
-    model: native.Model, projector: VisionProjector
-) -> None:
+def test_a_text_sequence_beside_an_image_sequence_is_unchanged(model: native.Model, projector: VisionProjector) -> None:
     """A text-only request keeps its answer while another sequence of the same context holds an image."""
     tokens = model.tokenize(_prompt("", "Name a colour."), add_special=True)
 
@@ -237,3 +235,15 @@ def test_a_cached_prefix_matches_only_the_same_image_and_is_never_cut_inside_one
         assert differ == first_text  # another image: only the text before it
         assert reusable_prefix(a, first_text + 5) == first_text  # inside the image: back to its start
         assert reusable_prefix(a, 10_000) == a.n_tokens
+
+
+def test_the_pair_is_laid_out_once_with_the_mmproj_beside_the_model(tmp_path: Path, smollm2_path: Path) -> None:
+    directory = vlm_dir(tmp_path / "vlm", smollm2_path)
+    model_path = directory / smollm2_path.name
+    found = mmproj_beside(model_path)
+    assert model_path.resolve() == smollm2_path.resolve() and found is not None
+    stamp = found.stat().st_mtime_ns
+    assert vlm_dir(tmp_path / "vlm", smollm2_path) == directory and found.stat().st_mtime_ns == stamp
+    vlm_dir(tmp_path / "vlm", smollm2_path, TinyClipSpec(n_layer=2))  # another spec replaces it
+    replaced = mmproj_beside(model_path)
+    assert replaced is not None and replaced != found and not found.exists()
