@@ -1,0 +1,92 @@
+"""A head and two "hosts" on Ray (in a loopback-only namespace, tests/ray/conftest.py): the agents' simulated
+inventories feed one plan across the hosts; host b's agent starts the real llama.cpp worker on the real
+SmolLM2 GGUF, which serves the openai SDK over HTTP with its launch secret and refuses it without; a host
+removed is seen as lost on its agent's next call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.cluster import HostLost, plan_cluster
+from gateway.cluster.access import new_worker_token
+from gateway.cluster.live import hosts_from_agents
+from gateway.cluster.ray_agent import cluster_hosts, spawn_agent
+from gateway.config import Config
+from gateway.workers import WorkerState
+from tests.ray.conftest import NODE_IP, LocalCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _config(smollm2_path: Path) -> Config:
+    source = [{"gguf": str(smollm2_path)}]
+    return Config.model_validate({"gpus": "none", "models": [
+        {"name": "on-a", "sources": source, "context": 512, "hosts": ["a"]},
+        {"name": "anywhere", "sources": source, "context": 512},
+        {"name": "on-b", "sources": source, "context": 512, "concurrency": 2, "hosts": ["b"]},
+        {"name": "absent", "sources": [{"gguf": "/nowhere/model.gguf"}], "context": 512},
+    ]})  # fmt: skip
+
+
+def test_one_plan_over_two_hosts_and_a_worker_served_on_host_b_with_its_secret(
+    local_cluster: LocalCluster, smollm2_path: Path
+) -> None:
+    assert cluster_hosts() == {"a": NODE_IP, "b": NODE_IP}
+    agents = [spawn_agent("a", bind_host=NODE_IP, gpus="2xv100-32gb"), spawn_agent("b", bind_host=NODE_IP, gpus="none")]
+    config = _config(smollm2_path)
+    hosts = asyncio.run(hosts_from_agents(agents, config))
+    assert [len(h.inventory.gpus) for h in hosts] == [2, 0]  # each agent answers its own host's inventory
+    assert all(h.missing == {"absent"} for h in hosts)
+    report = plan_cluster(config, hosts)
+    assert {d.model: d.host for d in report.decisions} == {"on-a": "a", "anywhere": "a", "on-b": "b", "absent": None}
+    on_b = report.decision("on-b").decision
+    assert on_b.plan is not None and on_b.plan.gpu_indices == () and on_b.prediction is not None
+    assert "has no file of this model" in (report.decision("absent").decision.refusal or "")
+
+    token = new_worker_token()
+    started = asyncio.run(agents[1].start_worker(on_b.plan, token, wait_s=300))
+    assert started.state is WorkerState.READY, started.last_error
+    assert started.url is not None and started.url.startswith(f"http://{NODE_IP}:")
+    served = openai.OpenAI(base_url=started.url + "/v1", api_key=token, max_retries=0, timeout=120)
+    reply = served.chat.completions.create(model="on-b", messages=[{"role": "user", "content": "Say hi."}],
+                                           max_tokens=8, temperature=0)  # fmt: skip
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    for wrong in ("", "not-the-token"):
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=started.url + "/v1", api_key=wrong or "x", max_retries=0).models.list()
+
+    described = asyncio.run(agents[1].describe())
+    (worker,) = described.workers
+    assert worker.name == "on-b" and worker.state is WorkerState.READY
+    assert worker.rss_bytes is not None and worker.rss_bytes > 50 * 2**20  # the loaded model, really measured
+    assert asyncio.run(agents[1].worker("on-b")).pid == worker.pid
+    asyncio.run(agents[1].stop_worker("on-b"))
+    assert asyncio.run(agents[1].describe()).workers == []
+
+
+def test_a_removed_host_is_seen_as_lost(local_cluster: LocalCluster) -> None:
+    agent_a = spawn_agent("a", bind_host=NODE_IP, gpus="v100-16gb")
+    agent_b = spawn_agent("b", bind_host=NODE_IP, gpus="v100-32gb")
+    assert asyncio.run(agent_a.describe()).host == "a"
+    assert asyncio.run(agent_b.describe()).host == "b"
+    local_cluster.cluster.remove_node(local_cluster.nodes["a"], allow_graceful=False)  # as a host dies: SIGKILL
+    lost = None
+    deadline = time.monotonic() + 120  # a guard against a hang, not a speed assertion
+    while lost is None and time.monotonic() < deadline:
+        try:
+            asyncio.run(agent_a.describe())  # the actor's process may answer a moment after its raylet died
+            time.sleep(0.5)
+        except HostLost as exc:
+            lost = exc
+    assert lost is not None and lost.host == "a" and "host 'a' is lost" in str(lost)
+    assert asyncio.run(agent_b.describe()).inventory.gpus[0].name.endswith("32GB")  # the other host serves on
+    deadline = time.monotonic() + 60
+    while "a" in cluster_hosts() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cluster_hosts() == {"b": NODE_IP}
