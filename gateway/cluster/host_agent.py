@@ -9,6 +9,7 @@ launch token; their health checks send that token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
@@ -71,7 +72,7 @@ class LocalHostAgent:
             host=self.host,
             address=self._advertise,
             inventory=inventory,
-            files={path: os.path.exists(path) for path in paths},
+            files=await asyncio.to_thread(_existing, paths),
             workers=[self._report(name) for name in sorted(self._workers)],
         )
 
@@ -137,7 +138,7 @@ class LocalHostAgent:
 
     def _gpu_bytes(self, pid: int) -> dict[int, int]:
         """NVML's per-process memory of `pid` on each GPU (empty without NVML, or for a simulated layout)."""
-        nvml, found = self._nvml, {}
+        nvml, found = self._nvml, dict[int, int]()
         if nvml is None:
             return {}
         with contextlib.suppress(Exception):  # a GPU NVML cannot read counts as holding nothing known
@@ -147,3 +148,7 @@ class LocalHostAgent:
                     if proc.pid == pid and proc.usedGpuMemory:
                         found[index] = found.get(index, 0) + int(proc.usedGpuMemory)
         return found
+
+
+def _existing(paths: Sequence[str]) -> dict[str, bool]:
+    return {path: os.path.exists(path) for path in paths}

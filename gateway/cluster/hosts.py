@@ -76,7 +76,11 @@ def load_cluster_file(path: Path) -> list[HostView]:
         except InventoryError as exc:
             raise ClusterFileError(f"cluster file {path}: hosts.{name}.gpus: {exc}") from None
         try:
-            hosts.append(HostView(name=name, inventory=inventory, address=entry.address, missing=frozenset(entry.missing)))
+            hosts.append(
+                HostView(name=name, inventory=inventory, address=entry.address, missing=frozenset(entry.missing))
+            )
         except ValidationError:
-            raise ClusterFileError(f"cluster file {path}: hosts.{name}: a host name is letters, digits, . _ -") from None
+            raise ClusterFileError(
+                f"cluster file {path}: hosts.{name}: a host name is letters, digits, . _ -"
+            ) from None
     return hosts

@@ -9,12 +9,13 @@ on that second path.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.cluster.agent import HostAgent
 from gateway.cluster.hosts import HostView, load_cluster_file
-from gateway.config import Config, ConfigError, RemoteSource, ModelSpec
+from gateway.config import Config, ConfigError, ModelSpec, RemoteSource
 
 
 class ClusterUnavailable(Exception):
@@ -62,7 +63,7 @@ def cluster_hosts_for(target: str, config: Config) -> list[HostView]:
         raise ClusterUnavailable(f"--cluster {target} needs Ray: pip install 'voltgate[cluster]' ({exc})") from None
     address = target.removeprefix("ray").removeprefix(":") or "auto"
     try:
-        ray.init(address=address, namespace=ray_agent.NAMESPACE, log_to_driver=False, logging_level="WARNING")
+        ray.init(address=address, namespace=ray_agent.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError) as exc:
         raise ClusterUnavailable(f"no Ray cluster at {address}: {exc}") from None
     try:

@@ -188,8 +188,10 @@ def _subset(config: Config, specs: Sequence[ModelSpec]) -> Config:
 
 
 def _host_placement(config: Config, host: HostView, specs: Sequence[ModelSpec]) -> HostPlacement:
-    report = plan_models(_subset(config, specs), host.inventory) if specs else PlacementReport(
-        inventory=host.inventory, decisions=[]
+    report = (
+        plan_models(_subset(config, specs), host.inventory)
+        if specs
+        else PlacementReport(inventory=host.inventory, decisions=[])
     )
     return HostPlacement(host=host.name, address=host.address, report=report)
 

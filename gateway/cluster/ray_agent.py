@@ -98,7 +98,9 @@ class RayHostAgent:
         except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError: the host is gone
             raise HostLost(self.host, type(exc).__name__) from exc
         except TimeoutError:
-            raise HostLost(self.host, f"no answer to {method} within {timeout_s or self._call_timeout_s:.0f} s") from None
+            raise HostLost(
+                self.host, f"no answer to {method} within {timeout_s or self._call_timeout_s:.0f} s"
+            ) from None
 
 
 def spawn_agent(
@@ -125,7 +127,7 @@ def spawn_agent(
 def cluster_hosts() -> dict[str, str]:
     """The hosts of the connected cluster that are alive and declare `voltgate_host:<name>`: name -> node IP."""
     hosts = {}
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if not node.get("Alive"):
             continue
         for resource in node.get("Resources", {}):

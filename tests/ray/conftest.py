@@ -83,7 +83,12 @@ def _run_in_netns(item: pytest.Item) -> None:
     elif done.returncode == 0:
         _report(item, "call", "passed", sections=[("namespace output", output[-4000:])])
     else:
-        _report(item, "call", "failed", f"failed in the loopback-only namespace (exit {done.returncode}):\n{output[-12000:]}")
+        _report(
+            item,
+            "call",
+            "failed",
+            f"failed in the loopback-only namespace (exit {done.returncode}):\n{output[-12000:]}",
+        )
     _report(item, "teardown", "passed")
 
 

@@ -6,6 +6,9 @@ removed is seen as lost on its agent's next call."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -90,3 +93,18 @@ def test_a_removed_host_is_seen_as_lost(local_cluster: LocalCluster) -> None:
     while "a" in cluster_hosts() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert cluster_hosts() == {"b": NODE_IP}
+
+
+def test_plan_cluster_ray_asks_every_live_host(local_cluster: LocalCluster, smollm2_path: Path, tmp_path: Path) -> None:
+    """`voltgate plan --cluster ray:ADDRESS` as a user runs it: its own driver, agents found or started per host."""
+    (tmp_path / "c.yaml").write_text(
+        f"gpus: none\nmodels:\n  - {{name: m, sources: [{{gguf: {smollm2_path}}}], context: 512, hosts: [b]}}\n"
+    )
+    argv = ["-m", "gateway", "plan", "--json", "--config", str(tmp_path / "c.yaml")]
+    done = subprocess.run([sys.executable, *argv, "--cluster", f"ray:{local_cluster.cluster.address}"],
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    assert sorted(h["host"] for h in data["hosts"]) == ["a", "b"]
+    assert {h["host"]: h["address"] for h in data["hosts"]} == {"a": NODE_IP, "b": NODE_IP}
+    assert data["decisions"][0]["host"] == "b" and data["decisions"][0]["decision"]["plan"] is not None

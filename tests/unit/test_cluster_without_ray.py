@@ -45,7 +45,15 @@ def test_no_gateway_module_imports_ray() -> None:
 def test_the_cli_plans_a_simulated_cluster_without_ray(tmp_path: Path, smollm2_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text("hosts:\n  a: {gpus: v100-16gb}\n  b: {gpus: none}\n")
     (tmp_path / "c.yaml").write_text(f"models:\n  - {{name: m, sources: [{{gguf: {smollm2_path}}}]}}\n")
-    argv = ["voltgate", "plan", "--json", "--config", str(tmp_path / "c.yaml"), "--cluster", str(tmp_path / "cluster.yaml")]
+    argv = [
+        "voltgate",
+        "plan",
+        "--json",
+        "--config",
+        str(tmp_path / "c.yaml"),
+        "--cluster",
+        str(tmp_path / "cluster.yaml"),
+    ]
     done = _run(f"sys.argv = {argv!r}\nfrom gateway.cli import main\ntry:\n    main()\nexcept SystemExit as e:\n"
                 "    assert not e.code, e.code\nassert 'ray' not in sys.modules\n")  # fmt: skip
     assert done.returncode == 0, done.stderr
