@@ -12,14 +12,17 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from gateway.cluster import HostLost, plan_cluster
 from gateway.cluster.access import new_worker_token
+from gateway.cluster.host_worker import HostWorker
 from gateway.cluster.live import hosts_from_agents
 from gateway.cluster.ray_agent import cluster_hosts, spawn_agent
 from gateway.config import Config
+from gateway.errors import ErrorCode, GatewayError
 from gateway.workers import WorkerState
 from tests.ray.conftest import NODE_IP, LocalCluster
 
@@ -108,3 +111,45 @@ def test_plan_cluster_ray_asks_every_live_host(local_cluster: LocalCluster, smol
     assert sorted(h["host"] for h in data["hosts"]) == ["a", "b"]
     assert {h["host"]: h["address"] for h in data["hosts"]} == {"a": NODE_IP, "b": NODE_IP}
     assert data["decisions"][0]["host"] == "b" and data["decisions"][0]["decision"]["plan"] is not None
+
+
+def test_a_worker_on_a_lost_host_cuts_its_stream_and_answers_503_naming_the_host(
+    local_cluster: LocalCluster, smollm2_path: Path
+) -> None:
+    """The gateway's handle (HostWorker) on host a's worker: served, then the host is SIGKILLed mid-stream."""
+    config = Config.model_validate({"gpus": "none", "models": [
+        {"name": "m", "sources": [{"gguf": str(smollm2_path)}], "context": 2048, "hosts": ["a"]}]})  # fmt: skip
+
+    async def scenario() -> None:
+        agents = [spawn_agent(h, bind_host=NODE_IP, gpus="none") for h in ("a", "b")]
+        report = plan_cluster(config, await hosts_from_agents(agents, config))
+        plan = report.decision("m").decision.plan
+        assert report.host_of("m") == "a" and plan is not None
+        worker = HostWorker(plan, agents[0], interval_s=0.5)
+        await worker.ensure_ready(300)
+        token = worker.headers["Authorization"].removeprefix("Bearer ")
+        client = openai.AsyncOpenAI(base_url=worker.base_url() + "/v1", api_key=token, max_retries=0, timeout=60)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
+            max_tokens=1500, temperature=0, stream=True,
+        )  # fmt: skip
+        chunks, cut = 0, None
+        try:
+            async for _ in stream:
+                chunks += 1
+                if chunks == 3:  # the stream is flowing: the host dies now
+                    await asyncio.to_thread(local_cluster.cluster.remove_node, local_cluster.nodes["a"], False)
+        except (openai.APIError, httpx.HTTPError) as exc:
+            cut = exc
+        assert cut is not None, f"the stream ran to its end ({chunks} chunks) although its host was killed"
+        deadline = time.monotonic() + 120  # a guard against a hang, not a speed assertion
+        while worker.lost is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert worker.state is WorkerState.FAILED and worker.lost and "host 'a' is lost" in worker.lost
+        with pytest.raises(GatewayError, match="model 'm' is unavailable: host 'a' is lost") as refused:
+            worker.base_url()
+        assert refused.value.code is ErrorCode.WORKER_UNAVAILABLE
+        await worker.stop()
+        assert (await agents[1].describe()).host == "b"  # the other host serves on
+
+    asyncio.run(scenario())
