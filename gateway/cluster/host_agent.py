@@ -82,6 +82,9 @@ class LocalHostAgent:
             await self.stop_worker(plan.model)
             running = None
         if running is None:
+            problem = self._cannot_launch(plan)
+            if problem is not None:
+                return WorkerReport(name=plan.model, state=WorkerState.FAILED, last_error=problem)
             running = self._launch(plan, token)
             self._workers[plan.model] = running
         with contextlib.suppress(WorkerStartError):
@@ -107,9 +110,18 @@ class LocalHostAgent:
         for name in list(self._workers):
             await self.stop_worker(name, grace_s=5.0)
 
+    def _cannot_launch(self, plan: DeploymentPlan) -> str | None:
+        """Why this host cannot start `plan`'s worker at all (no adapter, engine not installed), or None."""
+        adapter = self._adapters.get(plan.engine)
+        if adapter is None:
+            return f"host {self.host!r} cannot start {plan.engine.value} workers"
+        try:
+            adapter.launch_spec(plan, 0)  # a dry run: an engine missing on this host is named here, not in a loop
+        except Exception as exc:  # LMDeployNotInstalled and the like: whatever stops the launch, in its words
+            return f"host {self.host!r} cannot start {plan.model!r}: {exc}"
+        return None
+
     def _launch(self, plan: DeploymentPlan, token: str) -> _Running:
-        if plan.engine not in self._adapters:
-            raise ValueError(f"host {self.host!r} cannot start {plan.engine.value} workers")
         adapter = self._adapters[plan.engine]
         client = httpx.AsyncClient(headers=auth_headers(token), timeout=httpx.Timeout(10.0))
         process = WorkerProcess(
