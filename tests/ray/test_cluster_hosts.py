@@ -16,6 +16,10 @@ import httpx
 import openai
 import pytest
 
+pytest.importorskip("ray", reason="needs the cluster extra: pip install -e '.[cluster]'")
+
+# isort: split
+
 from gateway.cluster import HostLost, plan_cluster
 from gateway.cluster.access import new_worker_token
 from gateway.cluster.host_worker import HostWorker
