@@ -63,8 +63,9 @@ class LocalHostAgent:
             adapters or {EngineName.LLAMACPP: LlamaCppAdapter(), EngineName.LMDEPLOY: LMDeployAdapter()}
         )
         self._workers: dict[str, _Running] = {}
-        self._probe = SystemProbe(gpus=gpus.strip().lower() == "auto")
-        self._nvml: Any = getattr(self._probe, "_nvml", None)
+        nvml = gpus.strip().lower() == "auto"
+        self._probe = SystemProbe(gpus=nvml)
+        self._nvml: Any = _nvml() if nvml else None
 
     async def describe(self, paths: Sequence[str] = ()) -> HostReport:
         inventory: Inventory = inventory_from_spec(self._gpus)
@@ -164,3 +165,14 @@ class LocalHostAgent:
 
 def _existing(paths: Sequence[str]) -> dict[str, bool]:
     return {path: os.path.exists(path) for path in paths}
+
+
+def _nvml() -> Any:
+    """pynvml, initialised, or None without a driver or library (a simulated layout never asks)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: no per-process GPU readings
+        return None
+    return pynvml
