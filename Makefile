@@ -48,7 +48,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.llama-cpp $(VENV)/.model
 	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(PIP) install -q -e '.[test,dev]'
+	$(PIP) install -q -e '.[test,dev,cluster]'  # cluster: Ray, for tests/ray (docs/cluster.md)
 	@touch $@
 
 # A short real decode in a child process after every install, before anything serves: a build that crashes

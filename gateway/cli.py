@@ -183,12 +183,19 @@ def plan(
     config: ConfigOption = None,
     gpus: GpusOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="plan over several hosts: a cluster file, 'ray' or 'ray:HOST:PORT' (docs/cluster.md)"),
+    ] = None,
 ) -> None:
     """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options).
     Exits 1 when no model can be placed, as `serve` would."""
     from gateway.placement import plan_models, render_plan_table
 
     cfg = _load(config, gpus)
+    if cluster is not None:
+        _plan_cluster(cfg, cluster, as_json)
+        return
     report = plan_models(cfg, _inventory(cfg))
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
@@ -196,6 +203,24 @@ def plan(
         render_plan_table(report, Console())
     if not report.plans:
         err.print("[red]error:[/red] no model could be placed; `voltgate serve` would exit too")
+        raise typer.Exit(1)
+
+
+def _plan_cluster(cfg: Config, target: str, as_json: bool) -> None:
+    from gateway.cluster import ClusterFileError, plan_cluster
+    from gateway.cluster.live import ClusterUnavailable, cluster_hosts_for
+    from gateway.cluster.render import render_cluster_plan
+
+    try:
+        report = plan_cluster(cfg, cluster_hosts_for(target, cfg))
+    except (ClusterFileError, ClusterUnavailable) as exc:
+        _config_error(str(exc))
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        render_cluster_plan(report, Console())
+    if not report.placed:
+        err.print("[red]error:[/red] no model could be placed on any host")
         raise typer.Exit(1)
 
 

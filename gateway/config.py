@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -226,6 +226,11 @@ class ModelSpec(_Spec):
     quant: str | None = Field(default=None, description="force a GGUF quant (e.g. Q8_0)")
     gpus: tuple[int, ...] | None = Field(default=None, description="force these GPU indices")
     tp: int | None = Field(default=None, ge=1, le=8)
+    hosts: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$")], ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="cluster: the hosts this model may run on (default: any); `gpus` then indexes that host's GPUs",
+    )
     task: Literal["generate", "embed", "rerank"] | None = Field(
         default=None,
         description="what it serves; default from the GGUF: an encoder or a declared pooling type is embed, "

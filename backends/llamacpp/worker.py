@@ -25,6 +25,7 @@ from backends.llamacpp.embed_server import spec_from_worker_args as embed_spec_f
 from backends.llamacpp.embedding import POOLINGS
 from backends.llamacpp.native import ContextOptions
 from backends.llamacpp.server import WorkerSpec, create_app
+from backends.llamacpp.worker_auth import require_token
 
 log = logging.getLogger("voltgate.worker")
 
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else create_embed_app(embed_spec_from_args(args), on_fatal)
     )
     config = uvicorn.Config(
-        app.asgi,
+        require_token(app.asgi, os.environ),  # a worker other hosts reach needs its launch secret
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -1,0 +1,107 @@
+"""HostWorker, the gateway's handle on a worker another host runs: it follows what the host's agent reports,
+sends the launch secret it made, answers 503s that say why, and fails for good when the host is lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from backends.base import DeploymentPlan, EngineName
+from gateway.cluster import HostLost, HostReport, WorkerReport
+from gateway.cluster.host_worker import HostWorker
+from gateway.errors import ErrorCode, GatewayError
+from gateway.placement import Inventory
+from gateway.workers import WorkerStartError, WorkerState
+
+PLAN = DeploymentPlan(model="m", engine=EngineName.LLAMACPP, source_path=Path("/m.gguf"), model_format="gguf",
+                      context_tokens=512)  # fmt: skip
+
+
+class FakeHostAgent:
+    """Stands for `gateway.cluster.agent.HostAgent` (the Ray actor of `gateway.cluster.ray_agent`): answers
+    the reports it is told to, or raises `HostLost` once `lose()` was called."""
+
+    def __init__(self, start_state: WorkerState = WorkerState.READY) -> None:
+        self.host = "b"
+        self.tokens: list[str] = []
+        self.state = start_state
+        self.stopped: list[str] = []
+        self._lost = False
+
+    def lose(self) -> None:
+        self._lost = True
+
+    def _report(self, name: str) -> WorkerReport:
+        if self._lost:
+            raise HostLost(self.host, "ActorDiedError")
+        ready = self.state is WorkerState.READY
+        return WorkerReport(name=name, state=self.state, url="http://10.0.0.2:4000" if ready else None,
+                            last_error=None if ready else "exit 1")  # fmt: skip
+
+    async def describe(self, paths: Sequence[str] = ()) -> HostReport:
+        return HostReport(host=self.host, address="10.0.0.2", inventory=Inventory())
+
+    async def start_worker(self, plan: DeploymentPlan, token: str, wait_s: float = 600.0) -> WorkerReport:
+        self.tokens.append(token)
+        return self._report(plan.model)
+
+    async def worker(self, name: str) -> WorkerReport:
+        return self._report(name)
+
+    async def stop_worker(self, name: str, grace_s: float = 10.0) -> None:
+        if self._lost:
+            raise HostLost(self.host, "ActorDiedError")
+        self.stopped.append(name)
+
+
+async def test_ready_through_its_agent_with_the_secret_it_made() -> None:
+    agent = FakeHostAgent()
+    worker = HostWorker(PLAN, agent, interval_s=0.01)
+    with pytest.raises(GatewayError, match="stopped on host 'b'"):
+        worker.base_url()
+    await worker.ensure_ready(5)
+    assert worker.base_url() == "http://10.0.0.2:4000"
+    assert worker.headers == {"Authorization": f"Bearer {agent.tokens[0]}"} and len(agent.tokens[0]) >= 40
+    await worker.stop()
+    assert agent.stopped == ["m"] and worker.state is WorkerState.STOPPED
+
+
+async def test_it_follows_the_hosts_supervisor_through_a_crash() -> None:
+    agent = FakeHostAgent()
+    worker = HostWorker(PLAN, agent, interval_s=0.01)
+    await worker.ensure_ready(5)
+    agent.state = WorkerState.FAILED
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+    with pytest.raises(GatewayError, match=r"failed on host 'b'.*exit 1"):
+        worker.base_url()
+    agent.state = WorkerState.READY
+    assert await worker.wait_ready(5)
+    await worker.stop()
+
+
+async def test_a_lost_host_fails_it_for_good_naming_the_host() -> None:
+    agent = FakeHostAgent()
+    worker = HostWorker(PLAN, agent, interval_s=0.01)
+    await worker.ensure_ready(5)
+    agent.lose()
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+    assert worker.state is WorkerState.FAILED
+    with pytest.raises(GatewayError, match="model 'm' is unavailable: host 'b' is lost") as refused:
+        worker.base_url()
+    assert refused.value.code is ErrorCode.WORKER_UNAVAILABLE
+    with pytest.raises(WorkerStartError, match="host 'b' is lost"):
+        await worker.ensure_ready(1)
+    await worker.stop()  # no call reaches the lost host's agent
+    assert agent.stopped == []
+
+
+async def test_a_start_that_fails_on_the_host_is_a_start_error() -> None:
+    worker = HostWorker(PLAN, FakeHostAgent(start_state=WorkerState.FAILED), interval_s=0.01)
+    with pytest.raises(WorkerStartError, match="exit 1"):
+        await worker.ensure_ready(5)
+    await worker.stop()
