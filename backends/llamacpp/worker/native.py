@@ -210,9 +210,6 @@ class Model:
     def seq_clear(self, seq_id: int) -> None:
         lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
 
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
-
     def seq_copy(self, src: int, dst: int) -> None:
         """Make `dst` hold exactly what `src` holds now (every position); `dst`'s own KV is dropped.
 
