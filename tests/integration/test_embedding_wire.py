@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from backends.llamacpp.worker.cli import build_parser, main
+from backends.llamacpp.worker.cli import build_parser, embed_spec_from_args, main
 from backends.llamacpp.worker.embed_server import (
     EmbedSpec,
     rank_results,
     render_embeddings,
-    spec_from_worker_args,
 )
 from backends.llamacpp.worker.embedding import finish_vectors, plan_passes
 from backends.request import EngineEmbeddingRequest, EngineRerankRequest
@@ -141,7 +140,7 @@ def test_rerank_response_renders_documents_only_when_present() -> None:
 
 def spec_for(*argv: str) -> EmbedSpec:
     base = ["--model", "m.gguf", "--model-name", "e", "--port", "1", "--ctx", "512", "--slots", "16"]
-    return spec_from_worker_args(build_parser().parse_args([*base, *argv]))
+    return embed_spec_from_args(build_parser().parse_args([*base, *argv]))
 
 
 def test_embed_argv_maps_to_the_spec() -> None:

@@ -21,9 +21,9 @@ from types import FrameType
 import uvicorn
 
 from backends.llamacpp.worker.chat_server import WorkerSpec, create_app
+from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
-from backends.llamacpp.worker.embed_server import spec_from_worker_args as embed_spec_from_args
-from backends.llamacpp.worker.embedding import POOLINGS
+from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
 from backends.llamacpp.worker.native import ContextOptions
 
 log = logging.getLogger("voltgate.worker")
@@ -111,10 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _threads(args: argparse.Namespace) -> int:
+    """--n-threads, or half the logical cores (the physical ones on SMT machines)."""
+    return int(args.n_threads or max(1, (os.cpu_count() or 2) // 2))
+
+
+def _cache_type(args: argparse.Namespace) -> str:
+    """--cache-type; auto = bf16 on the CPU (batch-invariant numerics), f16 when layers are on a GPU."""
+    if args.cache_type != "auto":
+        return str(args.cache_type)
+    return "bf16" if args.n_gpu_layers == 0 else "f16"
+
+
 def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
-    cache_type = args.cache_type
-    if cache_type == "auto":
-        cache_type = "bf16" if args.n_gpu_layers == 0 else "f16"
     return WorkerSpec(
         model_path=args.model,
         model_name=args.model_name,
@@ -122,15 +131,41 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
             n_ctx_per_seq=args.ctx,
             n_seq_max=args.slots,
             n_batch=max(args.n_batch, args.slots),
-            n_threads=args.n_threads or max(1, (os.cpu_count() or 2) // 2),
+            n_threads=_threads(args),
             n_gpu_layers=args.n_gpu_layers,
             flash_attn=args.flash_attn,
             kv_unified=args.kv_unified,
-            cache_type=cache_type,
+            cache_type=_cache_type(args),
         ),
         max_queue=args.max_queue,
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
         sampling_threads=args.sampling_threads,
+    )
+
+
+def embed_spec_from_args(args: argparse.Namespace) -> EmbedSpec:
+    """The worker's command line (`--task embed|rerank`) as an `EmbedSpec`.
+
+    `--ctx` is the longest input, `--slots` the inputs per forward pass, `--n-batch` the tokens per pass.
+    A reranker gets pooling rank unless `--pooling` says otherwise.
+    """
+    pooling: Pooling | None = args.pooling or ("rank" if args.task == "rerank" else None)
+    return EmbedSpec(
+        model_path=args.model,
+        model_name=args.model_name,
+        task=args.task,
+        options=EmbeddingOptions(
+            max_input_tokens=args.ctx,
+            n_seq_max=args.slots,
+            n_batch=max(args.n_batch, args.ctx),
+            n_threads=_threads(args),
+            n_gpu_layers=args.n_gpu_layers,
+            flash_attn=args.flash_attn,
+            pooling=pooling,
+            cache_type=_cache_type(args),
+        ),
+        max_queue=args.max_queue,
+        matryoshka=args.matryoshka,
     )
 
 

@@ -7,13 +7,11 @@ validated with `EngineEmbeddingRequest` / `EngineRerankRequest`; every refusal i
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +32,6 @@ from backends.llamacpp.worker.embedding import (
     EmbeddingModel,
     EmbeddingOptions,
     EngineClosedError,
-    Pooling,
     QueueFullError,
     Vectors,
     finish_vectors,
@@ -68,34 +65,6 @@ class EmbedSpec:
     max_queue: int = 64
     max_inputs: int = MAX_INPUTS
     matryoshka: bool = False
-
-
-def spec_from_worker_args(args: argparse.Namespace) -> EmbedSpec:
-    """The worker's command line (`--task embed|rerank`) as an `EmbedSpec`.
-
-    `--ctx` is the longest input, `--slots` the inputs per forward pass, `--n-batch` the tokens per pass.
-    A reranker gets pooling rank unless `--pooling` says otherwise.
-    """
-    pooling: Pooling | None = args.pooling or ("rank" if args.task == "rerank" else None)
-    return EmbedSpec(
-        model_path=args.model,
-        model_name=args.model_name,
-        task=args.task,
-        options=EmbeddingOptions(
-            max_input_tokens=args.ctx,
-            n_seq_max=args.slots,
-            n_batch=max(args.n_batch, args.ctx),
-            n_threads=args.n_threads or max(1, (os.cpu_count() or 2) // 2),
-            n_gpu_layers=args.n_gpu_layers,
-            flash_attn=args.flash_attn,
-            pooling=pooling,
-            cache_type=(
-                ("bf16" if args.n_gpu_layers == 0 else "f16") if args.cache_type == "auto" else args.cache_type
-            ),
-        ),
-        max_queue=args.max_queue,
-        matryoshka=args.matryoshka,
-    )
 
 
 FOREIGN_TOKENS_HINT = (
