@@ -68,7 +68,8 @@ plan: $(VENV)/.installed
 test: $(VENV)/.installed-test selftest
 	$(PY) -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
-# The fast loop: unit tests only (no native library loaded, no process started); seconds, not minutes.
+# The fast loop: unit tests only (no native library loaded, no worker started; tests that need llama.cpp sit in
+# tests/integration, and tests/integration/test_unit_suite_native_free.py keeps it so); seconds, not minutes.
 test-unit: $(VENV)/.installed-test
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 

@@ -190,7 +190,7 @@ class EngineRequest(_Frozen):
         return body
 
 
-# -- embeddings and reranking (the embedding worker: backends/llamacpp/embed_server.py) --------------------
+# -- embeddings and reranking (the embedding worker: backends/llamacpp/worker/embed_server.py) --------------------
 
 
 MAX_INPUTS = 2048

@@ -62,7 +62,7 @@ def create_app(model_name: str = "zero", slots: int = 256, chunk_interval_ms: fl
     totals = {"requests_total": 0, "prompt_tokens_total": 0, "generation_tokens_total": 0}
 
     async def health(_: Request) -> JSONResponse:
-        # The same fields as the llama.cpp worker's /health (backends/llamacpp/server.py).
+        # The same fields as the llama.cpp worker's /health (backends/llamacpp/worker/chat_server.py).
         return JSONResponse(
             {
                 "status": "ok",

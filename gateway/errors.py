@@ -4,74 +4,23 @@
       code: ErrorCode ─┬─ status  (STATUS table)
                        └─ type    (TYPE table)
 
+`ErrorCode` and its two tables live in `backends/errors.py`, shared with the llama.cpp worker (whose error
+bodies carry the same codes); they are re-exported here.
+
 Client errors are raised explicitly; a stray builtin exception is an internal error (500), never a 400.
 """
 
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from typing import Any
 
 from starlette.responses import JSONResponse
 
-
-class ErrorCode(StrEnum):
-    INVALID_REQUEST = "invalid_request_error"
-    INVALID_JSON = "invalid_json"
-    UNSUPPORTED_PARAMETER = "unsupported_parameter"
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-    INVALID_API_KEY = "invalid_api_key"
-    MODEL_NOT_ALLOWED = "model_not_allowed"
-    PERMISSION_DENIED = "permission_denied"
-    MODEL_NOT_FOUND = "model_not_found"
-    NOT_FOUND = "not_found"
-    METHOD_NOT_ALLOWED = "method_not_allowed"
-    BODY_TOO_LARGE = "request_too_large"
-    RATE_LIMITED = "rate_limit_exceeded"
-    QUEUE_FULL = "queue_full"
-    WORKER_UNAVAILABLE = "worker_unavailable"
-    SHUTTING_DOWN = "shutting_down"
-    UPSTREAM_TIMEOUT = "upstream_timeout"
-    UPSTREAM_ERROR = "upstream_error"
-    INTERNAL_ERROR = "internal_error"
-
-
-STATUS: dict[ErrorCode, int] = {
-    ErrorCode.INVALID_REQUEST: 400,
-    ErrorCode.INVALID_JSON: 400,
-    ErrorCode.UNSUPPORTED_PARAMETER: 400,
-    ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,
-    ErrorCode.INVALID_API_KEY: 401,
-    ErrorCode.MODEL_NOT_ALLOWED: 403,
-    ErrorCode.PERMISSION_DENIED: 403,
-    ErrorCode.MODEL_NOT_FOUND: 404,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.METHOD_NOT_ALLOWED: 405,
-    ErrorCode.BODY_TOO_LARGE: 413,
-    ErrorCode.RATE_LIMITED: 429,
-    ErrorCode.QUEUE_FULL: 429,
-    ErrorCode.WORKER_UNAVAILABLE: 503,
-    ErrorCode.SHUTTING_DOWN: 503,
-    ErrorCode.UPSTREAM_TIMEOUT: 504,
-    ErrorCode.UPSTREAM_ERROR: 502,
-    ErrorCode.INTERNAL_ERROR: 500,
-}
-
-TYPE: dict[ErrorCode, str] = {
-    ErrorCode.INVALID_API_KEY: "authentication_error",
-    ErrorCode.MODEL_NOT_ALLOWED: "permission_error",
-    ErrorCode.PERMISSION_DENIED: "permission_error",
-    ErrorCode.MODEL_NOT_FOUND: "invalid_request_error",
-    ErrorCode.NOT_FOUND: "invalid_request_error",
-    ErrorCode.RATE_LIMITED: "rate_limit_error",
-    ErrorCode.QUEUE_FULL: "rate_limit_error",
-    ErrorCode.WORKER_UNAVAILABLE: "server_error",
-    ErrorCode.SHUTTING_DOWN: "server_error",
-    ErrorCode.UPSTREAM_TIMEOUT: "server_error",
-    ErrorCode.UPSTREAM_ERROR: "server_error",
-    ErrorCode.INTERNAL_ERROR: "server_error",
-}
+from backends.errors import STATUS as STATUS  # re-exported: the gateway names them from here
+from backends.errors import TYPE as TYPE
+from backends.errors import ErrorCode as ErrorCode
+from backends.errors import error_type
 
 # Requests that can never succeed as sent: tell the SDK not to retry them.
 NEVER_RETRY = {
@@ -113,7 +62,7 @@ class GatewayError(Exception):
 
     @property
     def type(self) -> str:
-        return TYPE.get(self.code, "invalid_request_error")
+        return error_type(self.code)
 
     def body(self) -> dict[str, Any]:
         return {

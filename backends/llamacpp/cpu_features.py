@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-# The host flags that mean the AMX tile unit is present (Linux /proc/cpuinfo names).
-AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 # What the operator can set: auto (the rule above), on (always use extra buffers), off (never).
 ExtraBufts = Literal["auto", "on", "off"]
 EXTRA_BUFTS_ENV = "VOLTGATE_LLAMA_EXTRA_BUFTS"
@@ -79,6 +77,7 @@ def build_features(system_info: str) -> dict[str, bool]:
 
 
 def host_has_amx(flags: frozenset[str]) -> bool:
+    """Whether the host flags (Linux /proc/cpuinfo names) say the AMX tile unit is present."""
     return "amx_tile" in flags and ("amx_int8" in flags or "amx_bf16" in flags)
 
 

@@ -74,7 +74,7 @@ class ProbeSpec:
 
 def probe(model: Path, spec: ProbeSpec) -> ProbeResult:
     """Load `model`, decode the prompt (or `prompt_tokens` tokens of it, repeated) and `gen_tokens` more."""
-    from backends.llamacpp import native
+    from backends.llamacpp.worker import native
 
     lib = native.lib
     native.init_backend()

@@ -25,8 +25,8 @@ if "imports" in variant:
     except ImportError:
         print("no uvloop here", flush=True)
     import uvicorn  # noqa: F401
-    import backends.llamacpp.server  # noqa: F401
-from backends.llamacpp import native
+    import backends.llamacpp.worker.chat_server  # noqa: F401
+from backends.llamacpp.worker import native
 if "nolog" in variant:
     native.lib.llama_backend_init()
     native._log_forwarder = object()  # init_backend() becomes a no-op: llama.cpp keeps its own log

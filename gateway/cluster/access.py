@@ -2,7 +2,7 @@
 
 `remote_launch_spec` rewrites an engine adapter's `LaunchSpec` (which binds the loopback) to bind `bind_host`
 and to require `token`: our llama.cpp worker reads it from `VOLTGATE_WORKER_TOKEN`
-(`backends.llamacpp.worker_auth`); LMDeploy's api_server takes it as `--api-keys` (its own bearer check; the
+(`backends.llamacpp.worker.auth`); LMDeploy's api_server takes it as `--api-keys` (its own bearer check; the
 token is then visible in that host's process list, docs/cluster.md says so). The gateway sends
 `auth_headers(token)` on every call to that worker, health checks included.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 
 from backends.base import LaunchSpec
-from backends.llamacpp.worker_auth import TOKEN_ENV
+from backends.llamacpp.worker.auth import TOKEN_ENV
 
 _BIND_FLAGS = ("--host", "--server-name")  # our llama.cpp worker, LMDeploy's api_server
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -24,7 +24,7 @@ BF16 = 30  # ggml_type
 @pytest.fixture(scope="module")
 def reference(smollm2_path: Path) -> Iterator[llama_cpp.Llama]:
     """The same GGUF loaded in-process by llama-cpp-python, to recompute what the worker reports: flash
-    attention and a bf16 KV cache, as the worker runs on a CPU (backends/llamacpp/worker.py, --cache-type)."""
+    attention and a bf16 KV cache, as the worker runs on a CPU (backends/llamacpp/worker/cli.py, --cache-type)."""
     llm = llama_cpp.Llama(
         model_path=str(smollm2_path), n_ctx=512, logits_all=True, flash_attn=True, verbose=False,
         type_k=BF16, type_v=BF16,

@@ -150,8 +150,9 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Ite
     yield from _module_worker(tmp_path_factory, smollm2_path, "smollm2-embed", *args)
 
 
-def assert_error(response: httpx.Response, status: int, param: str | None, code: str | None = None) -> str:
-    """The response is OpenAI's error envelope with this status, param and code; returns the message."""
+def assert_error(response: httpx.Response, status: int, param: str | None, code: str = "invalid_request_error") -> str:
+    """The response is OpenAI's error envelope with this status, param and code (the gateway's `ErrorCode`
+    values: the worker shares them); returns the message."""
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
@@ -271,9 +272,9 @@ def test_bad_bodies_are_400_in_openais_error_shape(bert: Worker, body: dict[str,
 
 
 def test_invalid_json_and_non_object_bodies_are_400(bert: Worker) -> None:
-    for content in (b"{not json", b"[1, 2]"):
+    for content, code in ((b"{not json", "invalid_json"), (b"[1, 2]", "invalid_request_error")):
         response = httpx.post(f"{bert.url}/v1/embeddings", content=content, timeout=10)
-        assert_error(response, 400, None)
+        assert_error(response, 400, None, code)
 
 
 def test_too_many_inputs_are_refused_naming_input(bert: Worker) -> None:

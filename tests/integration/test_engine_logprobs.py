@@ -12,10 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from backends.llamacpp.native import ContextOptions, Model
-from backends.llamacpp.sampling import SamplingParams
-from backends.llamacpp.scheduler import QueueFullError, Scheduler
-from backends.llamacpp.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket, TokenLogprob
+from backends.llamacpp.worker.native import ContextOptions, Model
+from backends.llamacpp.worker.sampling import SamplingParams
+from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler
+from backends.llamacpp.worker.tickets import Failed, Finished, GenerationRequest, TextDelta, Ticket, TokenLogprob
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.llamacpp.slots import Run, Slot, fillers
+from backends.llamacpp.worker.slots import Run, Slot, fillers
 from tests.integration.test_llamacpp_worker import CASES, CTX, MAX_QUEUE, SLOTS, run_case, start_worker, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

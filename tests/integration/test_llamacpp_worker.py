@@ -307,7 +307,24 @@ async def test_invalid_json_is_400(client: httpx.AsyncClient) -> None:
         "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert response.status_code == 400
-    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == ("invalid_json", None)
+
+
+async def test_bad_bodies_name_the_parameter_like_the_embed_worker(client: httpx.AsyncClient) -> None:
+    """Both workers parse bodies through `httpkit.parse_body`: the same paths, messages and codes."""
+    response = await client.post("/v1/chat/completions", content=b"[1]", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["message"], error["code"]) == ("the request body must be a JSON object", "invalid_request_error")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]}
+    response = await client.post("/v1/chat/completions", json=body)
+    error = response.json()["error"]
+    assert (response.status_code, error["param"]) == (400, "messages[1].role"), error
+    response = await client.post("/v1/completions", json=chat_body("hi"))
+    error = response.json()["error"]
+    assert (response.status_code, error["param"], error["code"]) == (400, "prompt", "invalid_request_error")
 
 
 def test_unloadable_model_exits_nonzero(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Images reach the model: backends/llamacpp/vision.py on the real llama.cpp multimodal library (mtmd).
+"""Images reach the model: backends/llamacpp/worker/vision.py on the real llama.cpp multimodal library (mtmd).
 
 The model is the embedded SmolLM2-135M with a tiny random-weight LLaVA-1.5 image encoder written by
 tests/fixtures/vlm/build.py (16 image tokens per image). Random weights say nothing about meaning, so these
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backends.llamacpp import native
-from backends.llamacpp.vision import (
+from backends.llamacpp.worker import native
+from backends.llamacpp.worker.vision import (
     ImageChunk,
     RgbImage,
     TextChunk,

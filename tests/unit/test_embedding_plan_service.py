@@ -17,8 +17,8 @@ from starlette.routing import Route
 
 from backends.base import DeploymentPlan, EngineName, RequestKind
 from backends.llamacpp import LlamaCppAdapter
-from backends.llamacpp.embed_server import MAX_INPUTS as WORKER_MAX_INPUTS
 from backends.remote import RemoteAdapter
+from backends.request import MAX_INPUTS as ENGINE_MAX_INPUTS
 from backends.request import EngineEmbeddingRequest, EngineRerankRequest
 from gateway.admission import Admission
 from gateway.auth import OPEN
@@ -34,7 +34,7 @@ from tests.fakes.asgi_worker import FakeWorker
 
 
 class FakePooledWorker:
-    """Stands in for `backends.llamacpp.embed_server`: validates bodies with the same engine models, records
+    """Stands in for `backends.llamacpp.worker.embed_server`: validates bodies with the same engine models, records
     them, answers fixed vectors and scores (with an extra field the gateway must drop from rerank answers)."""
 
     def __init__(self) -> None:
@@ -105,7 +105,8 @@ def _request() -> Request:
 
 
 def test_the_gateway_and_the_worker_agree_on_the_input_limit() -> None:
-    assert MAX_INPUTS == WORKER_MAX_INPUTS == MAX_DOCUMENTS == 2048
+    # The worker's default limit is this same constant: tests/integration/test_embedding_server.py checks it.
+    assert MAX_INPUTS == ENGINE_MAX_INPUTS == MAX_DOCUMENTS == 2048
 
 
 @pytest.mark.parametrize(

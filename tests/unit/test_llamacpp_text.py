@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from backends.llamacpp.text import StopMatcher, StopResult, Utf8Stream
+from backends.llamacpp.worker.text import StopMatcher, StopResult, Utf8Stream
 
 
 def pieces_of(data: bytes, cuts: tuple[int, ...]) -> list[bytes]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from backends.llamacpp.sampling import SamplingParams, logit_biases
+from backends.llamacpp.worker.sampling import SamplingParams, logit_biases
 
 
 def test_minus_100_bans_and_other_biases_pass_through() -> None:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from backends.llamacpp.sampling import SamplingParams
-from backends.llamacpp.tickets import GenerationRequest, Ticket
-from backends.llamacpp.waiting import WaitingQueue
+from backends.llamacpp.worker.sampling import SamplingParams
+from backends.llamacpp.worker.tickets import GenerationRequest, Ticket
+from backends.llamacpp.worker.waiting import WaitingQueue
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from backends.llamacpp.logprobs import LogprobAsk, LogprobQueue, step_logprobs
-from backends.llamacpp.sampling import SamplingParams
-from backends.llamacpp.slots import SeqState, Slot
-from backends.llamacpp.tickets import GenerationRequest, Ticket, TokenLogprob
+from backends.llamacpp.worker.logprobs import LogprobAsk, LogprobQueue, step_logprobs
+from backends.llamacpp.worker.sampling import SamplingParams
+from backends.llamacpp.worker.slots import SeqState, Slot
+from backends.llamacpp.worker.tickets import GenerationRequest, Ticket, TokenLogprob
 
 PIECES = {0: b"a", 1: b"b", 2: b"\xe2\x82", 3: b"\xac", 4: b" c"}
 

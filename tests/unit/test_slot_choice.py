@@ -3,7 +3,7 @@ frontend's background task never overwrites the slot holding a conversation's lo
 
 from __future__ import annotations
 
-from backends.llamacpp.slots import Slot, pick_slot
+from backends.llamacpp.worker.slots import Slot, pick_slot
 
 TOOLS_PREFIX = list(range(1000, 8000))  # a 7k-token system prompt with tool definitions
 TITLE = [1000, 1001, 1002, *range(50, 400)]  # shares the template's first tokens only

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp.adapter import LlamaCppAdapter
-from backends.llamacpp.worker_auth import TOKEN_ENV, require_token
+from backends.llamacpp.worker.auth import TOKEN_ENV, require_token
 from gateway.cluster.access import auth_headers, new_worker_token, remote_launch_spec
 
 

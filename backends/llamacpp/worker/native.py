@@ -1,0 +1,389 @@
+"""The only module that touches llama.cpp's ctypes API: model/context, batches, samplers, KV memory.
+
+Everything here is blocking native code. Apart from `Model.tokenize`/`Model.piece` (read-only use of the
+vocabulary), call it only from the engine thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as _llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from backends.llamacpp import cpu_features
+from backends.llamacpp.worker.sampling import PENALTY_LAST_N, SamplingParams, logit_biases
+
+# The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
+# untyped here and keep every call in this module.
+lib: Any = _llama_cpp
+
+log = logging.getLogger("voltgate.worker")
+
+_LOG_WARN = 3
+_LOG_ERROR = 4
+_LOG_CONT = 5  # ggml_log_level (ggml.h): DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+
+# ggml_type values for the KV cache (ggml.h).
+_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+class NativeError(Exception):
+    """llama.cpp refused to load, decode or sample."""
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """How the llama.cpp context is created: one KV cache shared by `n_seq_max` sequences."""
+
+    n_ctx_per_seq: int
+    n_seq_max: int
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: bool = True
+    kv_unified: bool = False
+    cache_type: str = "f16"
+
+
+class _LogForwarder:
+    """Sends llama.cpp's warnings and errors to our logger, one line each; drops the chatter."""
+
+    def __init__(self) -> None:
+        self._line = ""
+        self._level = 0
+        self.callback = lib.llama_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes, _user_data: Any) -> None:
+        if level != _LOG_CONT:
+            self._level = level
+        if self._level not in (_LOG_WARN, _LOG_ERROR):
+            return
+        self._line += text.decode("utf-8", "replace")
+        while "\n" in self._line:
+            line, self._line = self._line.split("\n", 1)
+            if line.strip():
+                log.warning("llama.cpp: %s", line.strip())
+
+
+_log_forwarder: _LogForwarder | None = None
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log through ours."""
+    global _log_forwarder
+    if _log_forwarder is None:
+        _log_forwarder = _LogForwarder()
+        lib.llama_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
+        lib.llama_backend_init()
+
+
+def system_info() -> str:
+    """llama.cpp's one-line summary of the build: `CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ...`."""
+    init_backend()
+    return bytes(lib.llama_print_system_info()).decode("utf-8", "replace").strip()
+
+
+def extra_bufts_decision(setting: cpu_features.ExtraBufts | None = None) -> cpu_features.ExtraBuftsDecision:
+    """Whether weights may go to llama.cpp's extra buffer types (AMX, repack) on this host and build."""
+    chosen = cpu_features.configured_setting() if setting is None else setting
+    flags = cpu_features.host_cpu_flags()
+    return cpu_features.decide_extra_bufts(flags, cpu_features.build_features(system_info()), chosen)
+
+
+def load_model(path: Path, *, n_gpu_layers: int, decision: cpu_features.ExtraBuftsDecision | None = None) -> Any:
+    """`llama_model_load_from_file` with the host's safe buffer setting; every worker loads through here."""
+    init_backend()
+    decision = decision or extra_bufts_decision()
+    if not decision.use_extra_bufts:
+        log.info("llama.cpp extra buffer types off: %s", decision.reason)
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers
+    mparams.use_extra_bufts = decision.use_extra_bufts
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise NativeError(f"failed to load model from {path}")
+    return model
+
+
+class Model:
+    """A loaded GGUF model and its one context (one KV cache, `n_seq_max` sequences)."""
+
+    def __init__(self, path: Path, options: ContextOptions) -> None:
+        self._model = load_model(path, n_gpu_layers=options.n_gpu_layers)
+        self._vocab = lib.llama_model_get_vocab(self._model)
+
+        max_seqs = int(lib.llama_max_parallel_sequences())
+        if options.n_seq_max > max_seqs:
+            raise NativeError(f"slots {options.n_seq_max} > llama.cpp's maximum of {max_seqs} sequences")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx_per_seq * options.n_seq_max
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = options.n_batch
+        cparams.n_seq_max = options.n_seq_max
+        cparams.kv_unified = options.kv_unified
+        if options.n_threads is not None:
+            cparams.n_threads = options.n_threads
+            cparams.n_threads_batch = options.n_threads
+        cparams.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.no_perf = True
+        cache_type = _CACHE_TYPES[options.cache_type]
+        cparams.type_k = cache_type
+        cparams.type_v = cache_type
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise NativeError("failed to create the llama.cpp context (out of memory?)")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self.n_ctx_seq = int(lib.llama_n_ctx_seq(self._ctx))
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
+        self.bos_id = int(lib.llama_vocab_bos(self._vocab))
+        self.eos_id = int(lib.llama_vocab_eos(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._logits_views: dict[tuple[int, int], npt.NDArray[np.float32]] = {}
+        # A set, not a ctypes call per generated token (each native call also hands the GIL away).
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, t))
+
+    def close(self) -> None:
+        if self._ctx:
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    # --- vocabulary -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (lib.llama_token * capacity)()
+        n = int(lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special))
+        if n < 0:
+            capacity = -n
+            buf = (lib.llama_token * capacity)()
+            n = int(lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special))
+        if n < 0:
+            raise NativeError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (special tokens render empty unless `special`)."""
+        if not special and token in self._pieces:
+            return self._pieces[token]
+        buf = ctypes.create_string_buffer(64)
+        n = int(lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = int(lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
+        data = buf.raw[:n]
+        if not special:
+            self._pieces[token] = data
+        return data
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog_ids
+
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The GGUF's chat template (`tokenizer.chat_template`), or a named one such as "tool_use"."""
+        raw = lib.llama_model_chat_template(self._model, name.encode() if name else None)
+        return raw.decode("utf-8") if raw else None
+
+    def special_text(self, token: int) -> str:
+        return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
+
+    # --- KV memory --------------------------------------------------------------------------------
+
+    def seq_remove(self, seq_id: int, start: int) -> bool:
+        """Drop positions >= `start` of a sequence; False if llama.cpp cannot cut it there."""
+        return bool(lib.llama_memory_seq_rm(self._memory, seq_id, start, -1))
+
+    def seq_clear(self, seq_id: int) -> None:
+        lib.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        """Make `dst` hold exactly what `src` holds now (every position); `dst`'s own KV is dropped.
+
+        With one KV stream per sequence (non-unified KV), llama.cpp can only copy a whole stream (a partial
+        range aborts the process), and it does so at the start of the next `decode`, before that decode
+        writes anything: so `src` may take part in that decode, and a later `seq_remove` on `dst` applies
+        to the copy. With unified KV the cells are shared, not copied.
+        """
+        lib.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+
+    # --- decoding ---------------------------------------------------------------------------------
+
+    def decode(self, batch: Batch) -> None:
+        rc = int(lib.llama_decode(self._ctx, batch.raw))
+        if rc != 0:
+            raise NativeError(f"llama_decode failed with status {rc} for {batch.n_tokens} tokens")
+
+    def logits(self, n_outputs: int) -> npt.NDArray[np.float32]:
+        """The last decode's logits, one row per batch token that asked for them, in batch order.
+
+        A view of llama.cpp's buffer, fetched with one native call: valid until the next `decode`.
+        """
+        address = ctypes.cast(lib.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        if not address:
+            raise NativeError("the last decode produced no logits")
+        key = (address, n_outputs)
+        rows = self._logits_views.get(key)
+        if rows is None:  # llama.cpp keeps its output buffer between decodes: so do we, the views of it
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            rows = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+            if len(self._logits_views) > 256:
+                self._logits_views.clear()
+            self._logits_views[key] = rows
+        return rows
+
+    def new_sampler(self, params: SamplingParams) -> Sampler:
+        return Sampler(self, params)
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
+
+    @property
+    def vocab(self) -> Any:
+        return self._vocab
+
+
+class Batch:
+    """A reusable llama_batch of up to `capacity` tokens, each in exactly one sequence.
+
+    The arrays are ours (not `llama_batch_init`'s), so a run of tokens is written with one slice
+    assignment per field instead of one ctypes item access per token and field.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.n_tokens = 0
+        self.n_outputs = 0
+        self._token = np.zeros(capacity, dtype=np.int32)
+        self._pos = np.zeros(capacity, dtype=np.int32)
+        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        self._seq_id = np.zeros(capacity, dtype=np.int32)
+        self._logits = np.zeros(capacity, dtype=np.int8)
+        int_p = ctypes.POINTER(ctypes.c_int32)
+        base = self._seq_id.ctypes.data
+        self._seq_id_rows = (int_p * capacity)(*(ctypes.cast(base + 4 * i, int_p) for i in range(capacity)))
+        self.raw = lib.llama_batch()
+        self.raw.n_tokens = 0
+        self.raw.token = self._token.ctypes.data_as(int_p)
+        self.raw.pos = self._pos.ctypes.data_as(int_p)
+        self.raw.n_seq_id = self._n_seq_id.ctypes.data_as(int_p)
+        self.raw.seq_id = ctypes.cast(self._seq_id_rows, ctypes.POINTER(int_p))
+        self.raw.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def clear(self) -> None:
+        # Stale entries past n_tokens are never read: add_run writes every field of every token it adds.
+        self.n_tokens = 0
+        self.n_outputs = 0
+        self.raw.n_tokens = 0
+
+    def add_run(self, tokens: Sequence[int], start_pos: int, seq_id: int, *, logits: bool) -> int:
+        """Append consecutive tokens of one sequence; `logits` asks for the last one's.
+
+        Returns the last token's batch index (what `Sampler.sample` takes); with `logits`, its row in
+        `Model.logits` is `n_outputs - 1` right after this call.
+        """
+        n = len(tokens)
+        i = self.n_tokens
+        j = i + n
+        if j > self.capacity or n == 0:
+            raise NativeError(f"cannot add {n} tokens to a batch holding {i} of {self.capacity}")
+        if n == 1:  # a decode step's usual run: item assignment is cheaper than converting a sequence
+            self._token[i] = tokens[0]
+            self._pos[i] = start_pos
+            self._seq_id[i] = seq_id
+        else:
+            self._token[i:j] = tokens
+            self._pos[i:j] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+            self._seq_id[i:j] = seq_id
+            self._logits[i : j - 1] = 0
+        self._logits[j - 1] = logits
+        self.n_tokens = j
+        self.raw.n_tokens = j
+        if logits:
+            self.n_outputs += 1
+        return j - 1
+
+
+class Sampler:
+    """One sequence's llama.cpp sampler chain; it owns its RNG, grammar and penalty state."""
+
+    def __init__(self, model: Model, params: SamplingParams) -> None:
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        self._chain = chain
+        self._keep: list[Any] = []
+        biases = logit_biases(params, model.eog_ids)
+        if biases:
+            outside = [token for token in biases if not 0 <= token < model.n_vocab]
+            if outside:
+                self.close()
+                raise NativeError(f"logit_bias names token {outside[0]}, outside the vocabulary of {model.n_vocab}")
+            entries = (lib.llama_logit_bias * len(biases))()
+            for i, (token, bias) in enumerate(sorted(biases.items())):
+                entries[i].token = token
+                entries[i].bias = bias
+            self._keep.append(entries)
+            self._add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(biases), entries))
+        if params.grammar is not None:
+            grammar = self._grammar(model, params)
+            if not grammar:
+                self.close()
+                raise NativeError("invalid grammar")
+            self._add(grammar)
+        if params.penalized:
+            self._add(
+                lib.llama_sampler_init_penalties(
+                    model.n_vocab,
+                    PENALTY_LAST_N,
+                    params.repetition_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.greedy:
+            self._add(lib.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            self._add(lib.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            self._add(lib.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            self._add(lib.llama_sampler_init_min_p(params.min_p, 1))
+        self._add(lib.llama_sampler_init_temp(params.temperature))
+        self._add(lib.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+
+    def _grammar(self, model: Model, params: SamplingParams) -> Any:
+        text = (params.grammar or "").encode()
+        if not params.grammar_triggers:
+            return lib.llama_sampler_init_grammar(model.vocab, text, b"root")
+        patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(p.encode() for p in params.grammar_triggers))
+        self._keep.append(patterns)
+        return lib.llama_sampler_init_grammar_lazy_patterns(
+            model.vocab, text, b"root", patterns, len(params.grammar_triggers), None, 0
+        )
+
+    def _add(self, sampler: Any) -> None:
+        lib.llama_sampler_chain_add(self._chain, sampler)
+
+    def sample(self, model: Model, index: int) -> int:
+        """Pick (and accept) the next token from the logits at batch `index` of the last decode."""
+        return int(lib.llama_sampler_sample(self._chain, model.context, index))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            lib.llama_sampler_free(self._chain)
+            self._chain = None

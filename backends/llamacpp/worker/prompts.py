@@ -1,0 +1,102 @@
+"""From an engine request to prompt tokens and a grammar: the GGUF's chat template, tools, JSON output.
+
+The model's tool format is chosen once, from its chat template (`tools.select_format`): a template that
+renders tools itself gets them (and the history's tool calls) in its own way, and its native call syntax
+is parsed back; any other template gets a system-prompt section describing the tools and a generic
+`<tool_call>` syntax. `tool_choice` "required" or a named tool is enforced with a grammar that only
+admits well-formed calls whose arguments follow the tool's schema; "none" renders no tools at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.llamacpp.worker.native import Model
+from backends.llamacpp.worker.text import CHATML_TEMPLATE, ChatTemplate
+from backends.llamacpp.worker.tools import SchemaGrammarError, ToolFormat, select_format
+from backends.llamacpp.worker.wire import format_grammar
+from backends.request import EngineRequest, NamedToolChoice
+
+
+class PromptError(Exception):
+    """The request cannot be turned into a prompt (e.g. a JSON schema no grammar can express)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Prepared:
+    tokens: list[int]
+    grammar: str | None = None
+    tool_format: ToolFormat | None = None
+    tool_names: tuple[str, ...] = ()
+    shown_specials: frozenset[int] = frozenset()
+    grammar_triggers: tuple[str, ...] = ()
+    forced_call: bool = False  # `grammar` forces a call (tool_choice "required" or a named tool)
+
+
+class PromptBuilder:
+    """Thread-safe (read-only after construction): `prepare` runs off the event loop."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        source = model.chat_template() or CHATML_TEMPLATE
+        self._bos_text = model.special_text(model.bos_id)
+        eos_text = model.special_text(model.eos_id)
+        self.template = ChatTemplate(source, bos_token=self._bos_text, eos_token=eos_text)
+        # Some GGUFs (Hermes 2 Pro) carry a second template for conversations with tools.
+        tool_source = model.chat_template("tool_use")
+        self.tool_template = (
+            ChatTemplate(tool_source, bos_token=self._bos_text, eos_token=eos_text) if tool_source else self.template
+        )
+        self.tool_format = select_format(tool_source or source)
+        self._specials = self._special_ids(self.tool_format.preserved_tokens)
+
+    def _special_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The token ids of a tool syntax's markers that are special tokens (rendered empty by default)."""
+        ids = set()
+        for text in texts:
+            tokens = self._model.tokenize(text, add_special=False, parse_special=True)
+            if len(tokens) == 1 and not self._model.piece(tokens[0]):
+                ids.add(tokens[0])
+        return frozenset(ids)
+
+    def prepare(self, request: EngineRequest) -> Prepared:
+        """Prompt tokens and grammar for `request` (blocking: tokenization is native code)."""
+        if request.messages is None:
+            return Prepared(self._tokens(request.prompt or "", self._model.add_bos))
+        tools = request.active_tools
+        fmt = self.tool_format
+        template = self.tool_template if tools else self.template
+        messages = fmt.prepare_messages(request.messages, tools, system_role=template.supports_system_role)
+        text = template.render(
+            messages,
+            tools=fmt.tools_for_template(tools) if tools and fmt.native else None,
+            add_generation_prompt=not request.continue_final_message,
+            continue_final=request.continue_final_message,
+        )
+        # Templates that write the BOS token themselves must not get a second one.
+        add_bos = self._model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
+        tokens = self._tokens(text, add_bos)
+        if not tools:
+            try:
+                return Prepared(tokens, format_grammar(request))
+            except SchemaGrammarError as exc:
+                raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
+        parallel = request.parallel_tool_calls is not False
+        triggers: tuple[str, ...] = ()
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+        if forced:
+            grammar = fmt.grammar(tools, parallel=parallel)
+        else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
+            grammar, triggers = fmt.lazy_grammar(tools, parallel)
+        names = tuple(t.function.name for t in tools)
+        return Prepared(tokens, grammar, fmt, names, self._specials, triggers, forced_call=forced)
+
+    def _tokens(self, text: str, add_bos: bool) -> list[int]:
+        tokens = self._model.tokenize(text, add_special=add_bos)
+        if not tokens and self._model.bos_id >= 0:
+            tokens = [self._model.bos_id]
+        return tokens

@@ -1,0 +1,103 @@
+"""A request's reply, streamed (SSE chunks, choices interleaved by index) or whole (one JSON body)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from backends.llamacpp.worker.choices import (
+    Choice,
+    cancel_all,
+    chat_logprobs,
+    completion_logprobs,
+    events,
+    failure,
+    message,
+    on_text,
+    total_usage,
+)
+from backends.llamacpp.worker.httpkit import client_closed, watch_disconnect
+from backends.llamacpp.worker.tickets import Failed, TextDelta
+from backends.llamacpp.worker.wire import SSE_DONE, Renderer, sse
+
+
+async def stream(choices: Sequence[Choice], render: Renderer, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE frames: each choice's role delta, its content/tool-call deltas, its finish; then usage, [DONE]."""
+    chat = render.kind == "chat"
+    if chat:
+        for c in choices:
+            yield sse(render.chunk({"role": "assistant", "content": ""}, index=c.index))
+    offsets = [0] * len(choices)
+    async for choice, event in events(choices):
+        if isinstance(event, TextDelta):
+            if chat:
+                for delta in on_text(choice, event):
+                    yield sse(render.chunk(delta, index=choice.index, logprobs=_chat_lp(choice)))
+            elif event.text or event.logprobs:
+                lp = completion_logprobs(event.logprobs, offsets[choice.index]) if choice.logprobs else None
+                offsets[choice.index] += len(event.text)
+                yield sse(render.text_chunk(event.text, index=choice.index, logprobs=lp))
+        elif isinstance(event, Failed):
+            cancel_all(choices)
+            yield sse(failure(event).body())
+            yield SSE_DONE
+            return
+        else:
+            if event.reason == "cancelled" and not choice.output.done:
+                cancel_all(choices)
+                return  # the client went away
+            choice.finished = event
+            for frame in _finish_frames(choice, render):
+                yield frame
+    if include_usage:
+        yield sse(render.usage_chunk(total_usage(choices)))
+    yield SSE_DONE
+
+
+def _chat_lp(choice: Choice) -> dict[str, Any] | None:
+    return chat_logprobs(choice.take_logprobs()) if choice.logprobs else None
+
+
+def _finish_frames(choice: Choice, render: Renderer) -> list[bytes]:
+    if render.kind != "chat":
+        return [sse(render.text_chunk("", choice.finish_reason(), index=choice.index))]
+    frames = [sse(render.chunk(d, index=choice.index, logprobs=_chat_lp(choice))) for d in choice.output.finish()]
+    lp = _chat_lp(choice) if choice.pending else None
+    frames.append(sse(render.chunk({}, choice.finish_reason(), index=choice.index, logprobs=lp)))
+    return frames
+
+
+async def collect(choices: Sequence[Choice], render: Renderer, receive: Receive) -> Response:
+    """The whole reply as one body; a client that goes away cancels every choice."""
+    texts: list[list[str]] = [[] for _ in choices]
+    try:
+        async with watch_disconnect(receive, lambda: cancel_all(choices)):
+            async for choice, event in events(choices):
+                if isinstance(event, TextDelta):
+                    if render.kind == "chat":
+                        choice.deltas += on_text(choice, event)
+                    else:
+                        texts[choice.index].append(event.text)
+                        choice.every += event.logprobs
+                elif isinstance(event, Failed):
+                    return failure(event).response()
+                elif event.reason == "cancelled" and not choice.output.done:
+                    return client_closed()
+                else:
+                    choice.finished = event
+        bodies = [_choice_body(c, render, "".join(texts[c.index])) for c in choices]
+        return JSONResponse(render.completion(bodies, total_usage(choices)))
+    finally:
+        cancel_all(choices)  # no-ops once finished; stops the request if this task was cancelled
+
+
+def _choice_body(choice: Choice, render: Renderer, text: str) -> dict[str, Any]:
+    if render.kind != "chat":
+        lp = completion_logprobs(choice.every) if choice.logprobs else None
+        return render.text_choice(choice.index, text, choice.finish_reason(), lp)
+    content, calls = message(choice)
+    lp = chat_logprobs(choice.every) if choice.logprobs else None
+    return render.chat_choice(choice.index, content, choice.finish_reason(), calls, lp)

@@ -1,0 +1,496 @@
+"""Continuous batching over one llama.cpp context: slots, a bounded FIFO queue and the engine thread.
+
+Concurrency contract
+--------------------
+* One engine thread owns the model, the KV cache, the slots and every sampler; nothing else calls
+  llama.cpp for decoding.
+* The asyncio side talks to it through `Scheduler.submit`/`submit_group` (atomic admission check, may
+  raise `QueueFullError`), `Ticket.cancel` and `Scheduler.stats`; all of them only take a short lock.
+* The engine hands events (`TextDelta`, then exactly one `Finished` or `Failed`) to each request's
+  asyncio queue through an `Outbox`, flushed once per step right before the next decode (see
+  `tickets` for why a courier thread wakes the event loop).
+* A cancelled request leaves before the next decode step, so it costs at most one more token.
+
+Batch layout
+------------
+With one KV stream per slot (non-unified KV), llama.cpp puts only sequences with *consecutive* ids, in
+batch order, into one micro-batch, and every micro-batch is a full forward pass. So each step's batch is
+written in slot order, new requests take the lowest free slot unless a long cached prefix says otherwise,
+and with `fill_gaps` an idle slot between two busy ones gets a throwaway token (removed after the decode)
+instead of splitting the step in two: nearly free on a GPU, a whole token's compute on a CPU.
+
+Groups (`n` > 1)
+----------------
+The members of a group share one prompt. Those admitted in one round (as many as there are free slots)
+are prefilled once: the first prefills, the others wait parked, and when its last prompt token is decoded
+each gets a copy of its KV (`Model.seq_copy`: with non-unified KV, a copy of the whole stream, done by
+llama.cpp at the start of the next decode) and samples from the same logits row with its own sampler.
+A member admitted later, once the prompt is in a running member's KV, copies that KV, drops the last
+prompt token and decodes just that one again, for its logits. Without a running member it is an ordinary
+request (a free slot may still hold the prompt for prefix reuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from backends.llamacpp.worker.native import Batch, Model, NativeError
+from backends.llamacpp.worker.picking import Pick, TokenPicker
+from backends.llamacpp.worker.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
+from backends.llamacpp.worker.tickets import (
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    Outbox,
+    TextDelta,
+    Ticket,
+    TokenLogprob,
+    Usage,
+)
+from backends.llamacpp.worker.waiting import WaitingQueue
+
+log = logging.getLogger("voltgate.worker")
+
+__all__ = [
+    "Event",
+    "Failed",
+    "Finished",
+    "GenerationRequest",
+    "QueueFullError",
+    "Scheduler",
+    "SchedulerClosedError",
+    "SchedulerStats",
+    "TextDelta",
+    "Ticket",
+    "Usage",
+]
+
+_THROUGHPUT_WINDOW_S = 10.0
+
+
+class QueueFullError(Exception):
+    """Every slot is busy and `max_queue` requests already wait for one."""
+
+
+class SchedulerClosedError(Exception):
+    """The engine has stopped (shutdown or a fatal llama.cpp error)."""
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters are per sequence (a group of n counts n requests and n prompts) except
+    `prefill_tokens_total`: prompt tokens actually decoded. `cached_prompt_tokens_total` counts the prompt
+    tokens each sequence did not prefill itself (see `Usage.cached_tokens`)."""
+
+    slots: int
+    slots_busy: int
+    queue_depth: int
+    kv_cells_used: int
+    kv_cells_cached: int
+    requests_total: int
+    aborted_total: int
+    prompt_tokens_total: int
+    cached_prompt_tokens_total: int
+    prefill_tokens_total: int
+    generation_tokens_total: int
+    tokens_per_second: float
+
+
+class Scheduler:
+    """Runs every request on one model: `slots` sequences decode together, the rest wait in a FIFO.
+
+    Each engine step decodes one token for every generating sequence plus as many pending prompt
+    tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
+    A free slot keeps its sequence's KV; a new prompt goes to the free slot that keeps the most cached
+    work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
+    shares nothing goes to the emptiest slot), and only the rest is prefilled. `fill_gaps`: see the module
+    docstring. `sampling_threads`: see `picking`.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        slots: int,
+        n_ctx_per_slot: int,
+        n_batch: int,
+        max_queue: int,
+        fill_gaps: bool = False,
+        sampling_threads: int = 1,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        if slots > n_batch:
+            raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
+        self._model = model
+        self._n_ctx = n_ctx_per_slot
+        self._max_queue = max_queue
+        self._fill_gaps = fill_gaps
+        self._filler_token = max(model.bos_id, 0)
+        self._on_fatal = on_fatal
+        self._slots = [Slot(seq_id=i) for i in range(slots)]
+        self._running: list[SeqState] = []  # admission order: prefill is first come, first served
+        self._batch = Batch(n_batch)
+        self._outbox = Outbox()
+        self._picker = TokenPicker(model, min(sampling_threads, slots))
+        self._cond = threading.Condition()
+        # guarded by _cond
+        self._waiting = WaitingQueue()
+        self._free_slots = slots
+        self._closed = False
+        self._counters = {"requests": 0, "aborted": 0, "prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self._kv_used = 0
+        self._kv_cached = 0
+        self._started_s = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+
+    # --- asyncio side -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._outbox.start()
+        self._thread.start()
+
+    def close(self) -> None:
+        """Refuse new requests; the engine fails whatever is queued or running and exits (non-blocking)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """`close`, then join the engine thread."""
+        self.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue a request; raises `QueueFullError` when it would wait behind `max_queue` others."""
+        return self.submit_group([request], loop)[0]
+
+    def submit_group(self, requests: Sequence[GenerationRequest], loop: asyncio.AbstractEventLoop) -> list[Ticket]:
+        """Queue the `n` choices of one prompt as a group, all or none; one ticket per request, in order.
+
+        Raises `QueueFullError` unless every member fits (a group larger than `slots + max_queue` never
+        does) and `ValueError` unless all share one prompt. Each member samples with its own settings
+        (give each its own seed). The members' prompt is prefilled once per admission round (see the
+        module docstring); each ticket's `Usage` reports the whole prompt, and its `cached_tokens` the
+        part that member did not prefill itself, so the group's usage is the first ticket's prompt and
+        cached tokens plus every ticket's completion tokens.
+        """
+        if not requests or any(r.prompt != requests[0].prompt for r in requests):
+            raise ValueError("a group needs at least one request, and all of them share one prompt")
+        tickets = [Ticket(request, loop, self._wake) for request in requests]
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the engine is not running")
+            if len(self._waiting) + len(tickets) > self._max_queue + self._free_slots:
+                raise QueueFullError(
+                    f"{len(tickets)} more requests do not fit: {len(self._slots)} slots, "
+                    f"{len(self._slots) - self._free_slots} busy, {len(self._waiting)} of {self._max_queue} queued"
+                )
+            self._waiting.push(tickets)
+            self._cond.notify()
+        return tickets
+
+    def stats(self) -> SchedulerStats:
+        now = time.monotonic()
+        with self._cond:
+            self._trim_recent(now)
+            window_s = min(_THROUGHPUT_WINDOW_S, max(now - self._started_s, 1e-3))
+            c = self._counters
+            return SchedulerStats(
+                slots=len(self._slots),
+                slots_busy=len(self._slots) - self._free_slots,
+                queue_depth=len(self._waiting),
+                kv_cells_used=self._kv_used,
+                kv_cells_cached=self._kv_cached,
+                requests_total=c["requests"],
+                aborted_total=c["aborted"],
+                prompt_tokens_total=c["prompt"],
+                cached_prompt_tokens_total=c["cached"],
+                prefill_tokens_total=c["prefilled"],
+                generation_tokens_total=c["generated"],
+                tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
+            )
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # --- engine thread: admission -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._next_round():
+                self._step()
+        except Exception as exc:  # a llama.cpp failure we cannot attribute to one request
+            log.exception("engine failed")
+            self._shutdown(f"engine failed: {exc}", retryable=False)
+            if self._on_fatal is not None:
+                self._on_fatal(str(exc))
+            return
+        self._shutdown("the worker is shutting down", retryable=True)
+
+    def _next_round(self) -> bool:
+        """Wait for work, admit queued requests into free slots, drop cancelled ones."""
+        with self._cond:
+            if not self._closed and not self._running and not self._waiting:
+                self._outbox.flush()
+                while not self._closed and not self._running and not self._waiting:
+                    self._cond.wait()
+            if self._closed:
+                return False
+            for ticket in self._waiting.drop_cancelled():
+                self._counters["requests"] += 1
+                self._counters["aborted"] += 1
+                self._log_abort(ticket.request, "while queued")
+                self._outbox.put(ticket, Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
+            admitted = self._waiting.take(self._free_slots)
+            self._free_slots -= len(admitted)
+        for key, ticket in admitted:
+            self._admit(ticket, key)
+        for seq in [s for s in self._running if s.ticket.cancelled]:
+            self._log_abort(seq.request, f"after {seq.n_generated} tokens")
+            self._release(seq, Finished("cancelled", self._usage(seq)), aborted=True)
+        return True
+
+    def _admit(self, ticket: Ticket, group: int) -> None:
+        prompt = ticket.request.prompt
+        slot = pick_slot(self._slots, prompt)
+        # Keep the shared prefix, but always prefill at least one token: its logits start generation.
+        reuse = self._trim(slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1))
+        slot.busy = True
+        sampling = ticket.request.sampling
+        try:
+            sampler = None if sampling.plain_greedy else self._model.new_sampler(sampling)
+        except NativeError as exc:
+            slot.busy = False
+            with self._cond:
+                self._free_slots += 1
+            self._outbox.put(ticket, Failed(str(exc)))
+            return
+        seq = SeqState(ticket, slot, sampler, self._model, group=group, cached_tokens=reuse)
+        mate = self._mate(group)
+        if mate is not None and mate.prefilling:  # prefilled once: wait for the leader's KV and logits
+            seq.leader = mate
+            mate.followers.append(seq)
+        elif mate is not None:  # the prompt is in a mate's KV: copy it, decode only the last prompt token
+            self._model.seq_copy(mate.slot.seq_id, slot.seq_id)
+            slot.cached[:] = mate.slot.cached
+            seq.cached_tokens = self._trim(slot, len(prompt) - 1)
+        self._running.append(seq)
+        self._update_kv_stats()
+
+    def _trim(self, slot: Slot, keep: int) -> int:
+        """Cut a slot's KV to its first `keep` positions (all of it if llama.cpp cannot); what is kept."""
+        if keep < len(slot.cached) and not self._model.seq_remove(slot.seq_id, keep):
+            self._model.seq_clear(slot.seq_id)
+            keep = 0
+        del slot.cached[keep:]
+        return keep
+
+    def _mate(self, group: int) -> SeqState | None:
+        """A running member of `group` that is not parked: one still prefilling if any."""
+        mates = [s for s in self._running if s.group == group and s.leader is None]
+        return next((s for s in mates if s.prefilling), mates[0] if mates else None)
+
+    # --- engine thread: steps ---------------------------------------------------------------------
+
+    def _plan(self) -> list[Run]:
+        """This step's batch, in slot order: every pending token, then prompt chunks first come first
+        served, then (with `fill_gaps`) a filler for each idle slot between two that take part."""
+        capacity = self._batch.capacity
+        runs = [Run(s.slot, s, (s.pending,), True) for s in self._running if s.pending is not None]
+        used = len(runs)
+        # Leave room for fillers, but never starve prefill completely.
+        reserve = max(0, min(len(self._slots) - 1, capacity - used - 1)) if self._fill_gaps else 0
+        for seq in self._running:
+            budget = capacity - used - reserve
+            if budget <= 0:
+                break
+            if not seq.prefilling:
+                continue
+            prompt = seq.request.prompt
+            start = len(seq.slot.cached)
+            end = start + min(budget, len(prompt) - start)
+            runs.append(Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
+            used += end - start
+        if self._fill_gaps and len(runs) > 1:
+            runs += fillers(self._slots, runs, capacity - used, self._n_ctx, self._filler_token)
+        runs.sort(key=run_order)
+        return runs
+
+    def _step(self) -> None:
+        batch = self._batch
+        batch.clear()
+        runs = self._plan()
+        outputs: list[tuple[SeqState, int, int]] = []  # (sequence, batch index, logits row)
+        for run in runs:
+            index = batch.add_run(run.tokens, len(run.slot.cached), run.slot.seq_id, logits=run.logits)
+            if run.seq is not None and run.logits:
+                outputs.append((run.seq, index, batch.n_outputs - 1))
+        # The asyncio side handles the previous step's events while llama_decode runs without the GIL.
+        self._outbox.flush()
+        if not runs:
+            return
+        try:
+            self._model.decode(batch)
+        except NativeError as exc:
+            self._decode_failed(runs, exc)
+            return
+        self._drop_fillers(runs)
+        prefilled = 0
+        for run in runs:
+            if run.seq is not None:
+                prefilled += len(run.tokens) if run.seq.pending is None else 0
+                run.slot.cached.extend(run.tokens)
+                run.seq.pending = None
+        outputs += self._hand_over_prompts(outputs)
+        if outputs:
+            self._pick(outputs, batch.n_outputs)
+        now = time.monotonic()
+        with self._cond:
+            self._counters["generated"] += len(outputs)
+            self._counters["prefilled"] += prefilled
+            self._recent.append((now, len(outputs)))
+            self._trim_recent(now)
+        self._update_kv_stats()
+
+    def _hand_over_prompts(self, outputs: list[tuple[SeqState, int, int]]) -> list[tuple[SeqState, int, int]]:
+        """Leaders whose prompt was just decoded give their parked followers its KV and logits row."""
+        handed: list[tuple[SeqState, int, int]] = []
+        for leader, index, row in outputs:
+            for follower in leader.followers:
+                self._model.seq_copy(leader.slot.seq_id, follower.slot.seq_id)
+                follower.slot.cached[:] = leader.slot.cached
+                follower.cached_tokens = len(follower.request.prompt)
+                follower.leader = None
+                handed.append((follower, index, row))
+            leader.followers.clear()
+        return handed
+
+    def _pick(self, outputs: list[tuple[SeqState, int, int]], n_outputs: int) -> None:
+        picks = [
+            Pick(seq.sampler, seq.banned, index, row, seq.request.logprobs, seq.request.sampling.temperature)
+            for seq, index, row in outputs
+        ]
+        for (seq, _, _), (token, entry) in zip(outputs, self._picker.pick(picks, n_outputs), strict=True):
+            self._on_token(seq, token, entry)
+
+    def _decode_failed(self, runs: list[Run], exc: NativeError) -> None:
+        log.error("decode of %d tokens failed: %s", self._batch.n_tokens, exc)
+        self._drop_fillers(runs)
+        for run in runs:
+            if run.seq is not None:
+                self._model.seq_clear(run.slot.seq_id)
+                run.slot.cached.clear()
+                self._release(run.seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
+
+    def _drop_fillers(self, runs: list[Run]) -> None:
+        for run in runs:
+            if run.seq is None and not self._model.seq_remove(run.slot.seq_id, len(run.slot.cached)):
+                self._model.seq_clear(run.slot.seq_id)
+                run.slot.cached.clear()
+
+    def _on_token(self, seq: SeqState, token: int, entry: TokenLogprob | None) -> None:
+        seq.n_generated += 1
+        request = seq.request
+        if self._model.is_eog(token) and not request.sampling.ignore_eos:
+            self._finish(seq, "stop")
+            return
+        emitted = seq.push(self._model.piece(token, special=token in request.shown_specials), entry)
+        delta = emitted.delta()
+        if delta is not None:
+            self._outbox.put(seq.ticket, delta)
+        out_of_tokens = request.max_tokens is not None and seq.n_generated >= request.max_tokens
+        out_of_context = len(request.prompt) + seq.n_generated >= self._n_ctx
+        if emitted.stopped:
+            self._release(seq, Finished("stop", self._usage(seq)), aborted=False)
+        elif out_of_tokens or out_of_context:
+            self._finish(seq, "length")
+        else:
+            seq.pending = token
+
+    def _finish(self, seq: SeqState, reason: FinishReason) -> None:
+        """End on EOS or a limit: release held-back text (which may still complete a stop string)."""
+        emitted = seq.flush()
+        delta = emitted.delta()
+        if delta is not None:
+            self._outbox.put(seq.ticket, delta)
+        self._release(seq, Finished("stop" if emitted.stopped else reason, self._usage(seq)), aborted=False)
+
+    def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
+        """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
+        self._running.remove(seq)
+        self._unlink(seq)
+        if seq.sampler is not None:
+            seq.sampler.close()
+        seq.slot.busy = False
+        with self._cond:
+            self._free_slots += 1
+            c = self._counters
+            c["requests"] += 1
+            c["aborted"] += int(aborted)
+            c["prompt"] += len(seq.request.prompt)
+            c["cached"] += seq.cached_tokens
+        self._update_kv_stats()
+        if isinstance(event, Finished) and not aborted:
+            log.info(
+                "request %s done prompt=%d cached=%d completion=%d reason=%s in %.2fs",
+                seq.request.request_id,
+                len(seq.request.prompt),
+                seq.cached_tokens,
+                seq.n_generated,
+                event.reason,
+                time.monotonic() - seq.started_s,
+            )
+        elif isinstance(event, Failed):
+            log.error("request %s failed: %s", seq.request.request_id, event.message)
+        self._outbox.put(seq.ticket, event)
+
+    @staticmethod
+    def _unlink(seq: SeqState) -> None:
+        """A leaving parked follower leaves its leader; a leaving leader hands its followers to the first."""
+        if seq.leader is not None:
+            seq.leader.followers.remove(seq)
+            seq.leader = None
+        if seq.followers:
+            heir, *rest = seq.followers
+            heir.leader, heir.followers = None, rest
+            for follower in rest:
+                follower.leader = heir
+            seq.followers = []
+
+    def _usage(self, seq: SeqState) -> Usage:
+        return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)
+
+    def _log_abort(self, request: GenerationRequest, when: str) -> None:
+        log.info("request %s aborted %s (client disconnected)", request.request_id, when)
+
+    def _update_kv_stats(self) -> None:
+        used = sum(len(s.cached) for s in self._slots if s.busy)
+        cached = sum(len(s.cached) for s in self._slots if not s.busy)
+        with self._cond:
+            self._kv_used, self._kv_cached = used, cached
+
+    def _trim_recent(self, now_s: float) -> None:
+        while self._recent and self._recent[0][0] < now_s - _THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def _shutdown(self, message: str, *, retryable: bool) -> None:
+        with self._cond:
+            self._closed = True
+            waiting = self._waiting.drain()
+        for ticket in waiting:
+            self._outbox.put(ticket, Failed(message, retryable))
+        for seq in list(self._running):
+            self._release(seq, Failed(message, retryable), aborted=False)
+        self._picker.close()
+        self._outbox.close()

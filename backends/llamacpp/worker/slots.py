@@ -1,0 +1,159 @@
+"""Engine-thread state of the scheduler: KV slots, the sequences running in them, a step's batch runs.
+
+Nothing here is thread-safe: only the engine thread (see `scheduler`) creates or touches these objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from backends.llamacpp.worker.logprobs import LogprobQueue
+from backends.llamacpp.worker.text import StopMatcher, Utf8Stream
+from backends.llamacpp.worker.tickets import TextDelta, Ticket, TokenLogprob
+
+if TYPE_CHECKING:  # the slot logic runs without llama.cpp loaded (its unit tests stay native-free)
+    from backends.llamacpp.worker.native import Model, Sampler
+
+# A cached prefix shorter than this does not outweigh keeping busy slots contiguous (a BOS token or a
+# chat template's first few tokens are shared by nearly every prompt).
+MIN_REUSE_TOKENS = 16
+
+
+@dataclass
+class Slot:
+    """One llama.cpp sequence (one KV stream unless KV is unified) and the tokens whose KV it holds."""
+
+    seq_id: int
+    cached: list[int] = field(default_factory=list)  # by position
+    busy: bool = False
+
+
+class Emitted(NamedTuple):
+    """What one token (or the end of generation) releases: text, the entries riding with it, and whether
+    a stop string ended the text."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...]
+    stopped: bool
+
+    def delta(self) -> TextDelta | None:
+        return TextDelta(self.text, self.logprobs) if self.text or self.logprobs else None
+
+
+class SeqState:
+    """One running request.
+
+    Group members (`Scheduler.submit_group`) admitted while their leader still prefills are parked:
+    `leader` is set, they take no part in the batch, and when the leader's last prompt token is decoded
+    they get its KV and sample from its logits row. A leader that leaves before that hands its
+    `followers` to the first of them, which then prefills on its own.
+    """
+
+    def __init__(
+        self, ticket: Ticket, slot: Slot, sampler: Sampler | None, model: Model, *, group: int, cached_tokens: int
+    ) -> None:
+        self.ticket = ticket
+        self.request = ticket.request
+        self.slot = slot
+        self.sampler = sampler  # None: plain greedy, picked from the logits without a sampler chain
+        self.banned = model.eog_ids if self.request.sampling.ignore_eos else frozenset()
+        self.group = group
+        self.cached_tokens = cached_tokens
+        self.leader: SeqState | None = None
+        self.followers: list[SeqState] = []
+        self.started_s = time.monotonic()
+        self.pending: int | None = None  # sampled, not yet decoded
+        self.n_generated = 0
+        self.utf8 = Utf8Stream()
+        self.stops = StopMatcher(self.request.stop)
+        self.logprobs = LogprobQueue() if self.request.logprobs is not None else None
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.request.prompt) - len(self.slot.cached)
+
+    @property
+    def prefilling(self) -> bool:
+        """Has prompt tokens to decode in the next step (parked followers have none of their own)."""
+        return self.pending is None and self.leader is None and self.prefill_left > 0
+
+    def push(self, piece: bytes, entry: TokenLogprob | None) -> Emitted:
+        """A generated token's bytes (and its entry when logprobs were asked for)."""
+        text = self.utf8.push(piece)
+        if self.logprobs is not None and entry is not None:
+            self.logprobs.add(entry, len(text))
+        result = self.stops.push(text)
+        return self._emitted(result.text, result.stopped, final=False)
+
+    def flush(self) -> Emitted:
+        """Generation ended on EOS or a limit: release the held-back text (it may still complete a stop)."""
+        result = self.stops.push(self.utf8.flush())
+        text = result.text if result.stopped else result.text + self.stops.flush()
+        return self._emitted(text, result.stopped, final=True)
+
+    def _emitted(self, text: str, stopped: bool, *, final: bool) -> Emitted:
+        if self.logprobs is None:
+            return Emitted(text, (), stopped)
+        return Emitted(text, self.logprobs.release(len(text), stopped=stopped, final=final), stopped)
+
+
+class Run(NamedTuple):
+    """Consecutive tokens of one slot in a step's batch; `seq` None marks a gap filler."""
+
+    slot: Slot
+    seq: SeqState | None
+    tokens: Sequence[int]
+    logits: bool
+
+
+def run_order(run: Run) -> int:
+    return run.slot.seq_id
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def pick_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> Slot:
+    """The free slot that keeps the most cached work: the one whose KV shares the longest prefix with
+    `prompt` (if at least `MIN_REUSE_TOKENS` long), less what the new prompt overwrites there.
+
+    A request that shares nothing useful (a chat frontend's title or tag task) goes to an empty slot, or
+    the one with the least cached, never onto the slot that holds a long hot prefix (a 7k-token tools
+    prompt) while another is free: as llama.cpp's server picks slots by prompt similarity, keeping the hot
+    prefix for the conversation's next message. Ties go to the lowest id (busy slots stay contiguous).
+    """
+    best: Slot | None = None
+    best_kept = 0
+    for slot in slots:  # ascending ids
+        if slot.busy:
+            continue
+        reuse = common_prefix_len(slot.cached, prompt)
+        if reuse < MIN_REUSE_TOKENS:
+            reuse = 0
+        kept = reuse - (len(slot.cached) - reuse)  # reused tokens, less the cached ones lost
+        if best is None or kept > best_kept:
+            best, best_kept = slot, kept
+    assert best is not None, "admitted without a free slot"
+    return best
+
+
+def fillers(slots: Sequence[Slot], runs: Sequence[Run], room: int, n_ctx: int, token: int) -> list[Run]:
+    """Up to `room` one-token filler runs, one for each idle slot between two slots that take part."""
+    present = {run.slot.seq_id for run in runs}
+    found: list[Run] = []
+    for seq_id in range(min(present), max(present)):
+        slot = slots[seq_id]
+        if seq_id in present or len(slot.cached) >= n_ctx:
+            continue
+        if len(found) == room:
+            break
+        found.append(Run(slot, None, (token,), False))
+    return found
