@@ -324,7 +324,7 @@ def test_generic_messages_describe_tools_and_write_calls_and_results_as_text() -
     assert [m["role"] for m in prepared] == ["system", "user", "assistant", "user"]
     assert prepared[0]["content"].startswith("You are a helpful assistant.\n\n# Tools")
     for name in NAMES:
-        assert f'"name": "{name}"' in prepared[0]["content"]
+        assert f"\n{name}(" in prepared[0]["content"]  # each tool's signature line (tools/signatures.py)
     assert GENERIC.parse(prepared[2]["content"], NAMES).calls == [
         call("get_weather", city="Paris"),
         call("search_web", query="x"),

@@ -20,12 +20,12 @@ from types import FrameType
 
 import uvicorn
 
+from backends.llamacpp.worker.auth import require_token
 from backends.llamacpp.worker.chat_server import WorkerSpec, create_app
 from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
 from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
 from backends.llamacpp.worker.native import ContextOptions
-from backends.llamacpp.worker.auth import require_token
 
 log = logging.getLogger("voltgate.worker")
 

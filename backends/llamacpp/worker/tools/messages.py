@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from backends.llamacpp.worker.tools.grammar import NO_PARAMETERS
+from backends.llamacpp.worker.tools.signatures import signatures
 from backends.request import EngineMessage, Tool, ToolCall
 
 Message = dict[str, Any]
@@ -101,12 +102,13 @@ def one_call_per_message(messages: list[Message]) -> list[Message]:
 
 
 def tools_section(tools: Sequence[Tool]) -> str:
-    """The system-prompt text that teaches a model without native tool support how to call `tools`."""
-    signatures = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools_for_template(tools))
+    """The system-prompt text that teaches a model without native tool support how to call `tools`: each
+    tool as a compact signature (`signatures.py`: about half the tokens of its JSON schema)."""
     return (
         "# Tools\n\n"
-        "You can call functions to help with the user's request. Their signatures, one JSON object per line:\n"
-        f"<tools>\n{signatures}\n</tools>\n\n"
+        "You can call functions to help with the user's request. Each is listed as name(parameters), then what "
+        "it does and what its parameters mean; `?` marks an optional parameter, `= value` its default:\n"
+        f"<tools>\n{signatures(tools)}\n</tools>\n\n"
         "To call a function, reply with a JSON object holding its name and its arguments inside "
         "<tool_call></tool_call> tags, one block per call:\n"
         '<tool_call>\n{"name": <function-name>, "arguments": <arguments-as-a-json-object>}\n</tool_call>\n'
