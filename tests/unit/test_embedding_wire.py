@@ -15,6 +15,7 @@ from backends.llamacpp.embedding import finish_vectors, plan_passes
 from backends.llamacpp.wire import WireError
 from backends.llamacpp.worker import build_parser, main
 from backends.request import EngineEmbeddingRequest, EngineRerankRequest
+from gateway.engine_requests import EngineTarget
 from gateway.protocol.rerank import RerankRequest, RerankResponse
 from tests.openai_schema import assert_matches_openai
 
@@ -136,7 +137,8 @@ def test_rerank_request_becomes_the_engine_request() -> None:
     request = RerankRequest.model_validate(
         {"model": "r", "query": "q", "documents": ["a", "b"], "top_n": 1, "metadata": {"ignored": True}}
     )
-    assert request.engine_body() == {"model": "r", "query": "q", "documents": ["a", "b"], "top_n": 1}
+    engine = request.to_engine(EngineTarget(model="r-worker"))
+    assert engine.wire() == {"model": "r-worker", "query": "q", "documents": ["a", "b"], "top_n": 1}
     with pytest.raises(ValidationError):
         RerankRequest.model_validate({"model": "r", "query": "q", "documents": ["a"] * 2049})
 
