@@ -78,6 +78,12 @@ class NamedToolChoice(_Frozen):
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
 
+def missing_tool(name: str | None, names: set[str] | frozenset[str]) -> str | None:
+    """The one check that a named `tool_choice` names an offered tool: the refusal's message, or None.
+    Every API (chat, Responses, Messages) and the workers ask it, each naming its own parameter path."""
+    return None if name is not None and name in names else f"tool_choice names {name!r}, which is not in tools"
+
+
 class FunctionCall(_Frozen):
     name: str
     arguments: str = Field(description="JSON text, as OpenAI sends it")
@@ -173,8 +179,13 @@ class EngineRequest(_Frozen):
     @classmethod
     def _choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
         tools = info.data.get("tools") or ()
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in 'tools'")
+        problem = (
+            missing_tool(choice.function.name, {t.function.name for t in tools})
+            if isinstance(choice, NamedToolChoice)
+            else None
+        )
+        if problem is not None:
+            raise ValueError(problem)
         return choice
 
     @property

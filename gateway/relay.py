@@ -19,7 +19,7 @@ import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import ErrorCode, GatewayError, internal_error, sse_error_frame
+from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error, sse_error_frame
 from gateway.upstream import transport_error
 
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -53,6 +53,32 @@ class StreamStats:
         several tokens, or a tool call, arrives in fewer chunks, so this can undercount, never overcount by
         more than the finish chunk)."""
         return self.chunks - self.chunks_before_content if self.first_content_at is not None else 0
+
+
+@dataclass(frozen=True)
+class StreamFailure:
+    """A relayed stream that broke after its headers were sent (its one `data: {"error": ...}` frame), typed for
+    the translated APIs: the HTTP status its error would have had, the message and the gateway's code."""
+
+    status: int
+    message: str
+    code: str
+
+    @classmethod
+    def from_frame(cls, data: bytes) -> StreamFailure:
+        """Read an error frame's JSON (`{"error": {"message", "type", "param", "code"}}`)."""
+        try:
+            error = json.loads(data).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if not isinstance(error, dict):
+            return cls(502, "the generation failed", ErrorCode.UPSTREAM_ERROR.value)
+        code = str(error.get("code") or ErrorCode.UPSTREAM_ERROR.value)
+        try:
+            status = STATUS[ErrorCode(code)]
+        except ValueError:
+            status = 502
+        return cls(status, str(error.get("message") or "the generation failed"), code)
 
 
 class RelayResponse(StreamingResponse):

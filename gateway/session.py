@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import ValidationError
 
 from backends.base import RequestKind
 from backends.request import AnyEngineRequest
 from gateway.auth import Principal
 from gateway.deployments import Deployment
-from gateway.errors import GatewayError, sse_error_frame
+from gateway.errors import ErrorCode, GatewayError, sse_error_frame
 from gateway.live_speed import Flight
 from gateway.metrics import Metrics
-from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames
+from gateway.protocol.responses import ChatCompletionChunk
+from gateway.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
 from gateway.residency import Hold, Residency
 from gateway.upstream import Upstream
 
@@ -37,6 +39,7 @@ T = TypeVar("T")
 CLIENT_GONE = 499
 GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed `gateway.live_speed` measures
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
+_PROGRESS = f'"{PROGRESS_KEY}":'.encode()  # as it appears in a progress chunk's JSON (never inside a string)
 PROGRESS_INTERVAL_S = 1.0
 """With progress chunks on, how often a stream waiting for a load hears where it stands."""
 CONTEXT_KEY = "voltgate_request"
@@ -367,18 +370,23 @@ class StreamSession:
             frame += b"data: " + json.dumps(body).encode() + b"\n\n"
         return progress.phase, frame
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any] | bytes, None]:
-        """The stream for API translation layers: parsed `data:` objects (chunks, or `{"error": ...}`), and
-        the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass them on)."""
+    async def chunks(self) -> AsyncGenerator[ChatCompletionChunk | StreamFailure | bytes, None]:
+        """The stream for API translation layers: typed chunks, one `StreamFailure` if it broke after its
+        headers, and the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass
+        them on). Loading-progress chunks are left out; a chunk that is not one is a failure, never dropped.
+        (The chat pass-through relays bytes and never comes here: `frames()`.)"""
         async for run in self.frames():
             for frame in run.split(b"\n\n"):
                 if frame.startswith(b":"):
                     yield frame + b"\n\n"
-                elif frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
-                    with contextlib.suppress(ValueError):
-                        data = json.loads(frame[6:])
-                        if isinstance(data, dict) and PROGRESS_KEY not in data:
-                            yield data
+                elif frame.startswith(b'data: {"error"'):
+                    yield StreamFailure.from_frame(frame[6:])
+                elif frame.startswith(b"data: ") and frame != DONE_FRAME.strip() and _PROGRESS not in frame:
+                    try:
+                        yield ChatCompletionChunk.model_validate_json(frame[6:])
+                    except ValidationError as exc:
+                        message = f"worker sent a chunk that does not match the API: {exc.errors()[0]['msg']}"
+                        yield StreamFailure(502, message, ErrorCode.UPSTREAM_ERROR.value)
 
     def translation_failed(self, exc: GatewayError) -> None:
         """An API translation layer could not render this stream (say, a tool call Messages cannot stream in
