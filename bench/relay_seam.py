@@ -8,7 +8,8 @@ Paths to one `bench.zero_upstream` (instant chunks), hit by the same load in rot
 Reported: relay CPU seconds per 1,000 chunks at 1 / 16 / 64 streams (and requests/s), each relay's ratio to
 the floor's; added time to first token at one stream back to back and with 200 ms between requests (paired
 medians vs direct, and the difference to the floor's). Pinning: upstream, load generator and the relays under
-test each on their own CPU (the relays take turns on one CPU; they never run at once).
+test each on their own CPU with 4 or more (with 2, as `bench.overhead`: upstream and load generator on the
+first, the relays on the second); the relays take turns on their CPU, they never run at once.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ CHUNKS = 256
 
 def _cpus() -> tuple[str | None, str | None, set[int] | None]:
     allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) >= 4 and shutil.which("taskset"):  # skip CPU 0 (interrupts), one CPU per role
+    if not shutil.which("taskset"):
+        return None, None, None
+    if len(allowed) >= 4:  # skip CPU 0 (interrupts), one CPU per role
         return str(allowed[1]), str(allowed[2]), {allowed[3]}
+    if len(allowed) >= 2:  # as bench.overhead pins: upstream and load generator share one, the relay the other
+        return str(allowed[0]), str(allowed[1]), {allowed[0]}
     return None, None, None
 
 
