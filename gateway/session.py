@@ -2,9 +2,10 @@
 from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
-for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `finish()`
-releases both (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
-count and one access-log line.
+for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `schedule()` is the
+one order of the two and the call (load, then admit, then call; `gateway.unary.UnaryCall` and `StreamSession`
+both go through it), `finish()` releases both (exactly once, whatever happened) and accounts the request
+once: metrics, the key's in-flight count and one access-log line.
 """
 
 from __future__ import annotations
