@@ -9,7 +9,8 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.request import EngineRequest
+from backends.request import AnyEngineRequest
+from backends.request import RequestKind as RequestKind  # defined with the requests; imported from here too
 
 
 class EngineName(StrEnum):
@@ -18,13 +19,6 @@ class EngineName(StrEnum):
     LLAMACPP = "llamacpp"
     LMDEPLOY = "lmdeploy"
     REMOTE = "remote"
-
-
-class RequestKind(StrEnum):
-    CHAT = "chat"
-    COMPLETION = "completion"
-    EMBEDDING = "embedding"
-    RERANK = "rerank"
 
 
 class _Frozen(BaseModel):
@@ -161,8 +155,9 @@ class EngineAdapter(Protocol):
 
     def launch_spec(self, plan: DeploymentPlan, port: int) -> LaunchSpec: ...
 
-    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
-        """The JSON body the engine's HTTP server accepts for `request` (already validated)."""
+    def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
+        """The JSON body the engine's HTTP server accepts for `request` (already validated), of any kind: chat,
+        completion, embedding or rerank all go through here (it goes to `ENGINE_PATHS[request.kind]`)."""
         ...
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError: ...

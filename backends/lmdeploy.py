@@ -20,7 +20,7 @@ from backends.base import (
     normalize_openai_error,
 )
 from backends.overflow import overflow_counts, overflow_message
-from backends.request import EngineRequest, NamedToolChoice
+from backends.request import AnyEngineRequest, EngineRequest, NamedToolChoice
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
@@ -88,7 +88,9 @@ class LMDeployAdapter:
             fatal_log_patterns=(r"out of memory at \d+/\d+", r"CUDA error: out of memory"),
         )
 
-    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
+    def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
+        if not isinstance(request, EngineRequest):
+            return request.wire()  # OpenAI's embeddings body (TurboMind serves none: refused by `capabilities`)
         out = {k: v for k, v in request.wire().items() if k not in _DROP}
         if request.stream:
             # LMDeploy >= 0.7 understands stream_options; always ask for usage (the gateway strips it).

@@ -13,7 +13,7 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
-from backends.request import EngineRequest
+from backends.request import AnyEngineRequest
 
 
 class RemoteAdapter:
@@ -29,7 +29,7 @@ class RemoteAdapter:
         del port
         raise TypeError(f"model {plan.model!r} is served by {plan.remote_url}; there is no process to launch")
 
-    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
+    def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
         """The endpoint speaks OpenAI's dialect; the gateway already set the model name it knows."""
         return request.wire()
 

@@ -1,4 +1,5 @@
-"""The one typed request between the gateway and its workers: `EngineRequest`.
+"""The typed requests between the gateway and its workers, one per kind: `EngineRequest` (chat and text
+completions), `EngineEmbeddingRequest`, `EngineRerankRequest` (`AnyEngineRequest` is any of them).
 
 The gateway validates a client's body against OpenAI's wire types (`gateway.protocol`), maps what belongs
 to it (e.g. the `developer` role to `system`, legacy `functions` to `tools`, content parts to text), and
@@ -12,9 +13,23 @@ with little or no translation.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+
+class RequestKind(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDING = "embedding"
+    RERANK = "rerank"
+
+
+ENGINE_PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/completions",
+                RequestKind.EMBEDDING: "/v1/embeddings", RequestKind.RERANK: "/v1/rerank"}  # fmt: skip
+"""Where each kind of request goes on a worker (every engine here speaks OpenAI's paths)."""
+
 
 # -- bounds shared with the gateway's wire types ----------------------------------------------------------
 Temperature = Annotated[float, Field(ge=0, le=2)]
@@ -61,6 +76,12 @@ class NamedToolChoice(_Frozen):
 
 
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+def missing_tool(name: str | None, names: set[str] | frozenset[str]) -> str | None:
+    """The one check that a named `tool_choice` names an offered tool: the refusal's message, or None.
+    Every API (chat, Responses, Messages) and the workers ask it, each naming its own parameter path."""
+    return None if name is not None and name in names else f"tool_choice names {name!r}, which is not in tools"
 
 
 class FunctionCall(_Frozen):
@@ -158,13 +179,22 @@ class EngineRequest(_Frozen):
     @classmethod
     def _choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
         tools = info.data.get("tools") or ()
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in 'tools'")
+        problem = (
+            missing_tool(choice.function.name, {t.function.name for t in tools})
+            if isinstance(choice, NamedToolChoice)
+            else None
+        )
+        if problem is not None:
+            raise ValueError(problem)
         return choice
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+    @property
+    def kind(self) -> RequestKind:
+        return RequestKind.CHAT if self.messages is not None else RequestKind.COMPLETION
 
     @property
     def include_usage(self) -> bool:
@@ -213,6 +243,16 @@ class EngineEmbeddingRequest(_Frozen):
     normalize: bool = True
     truncate: bool = False
 
+    kind: ClassVar[RequestKind] = RequestKind.EMBEDDING
+
+    @property
+    def inputs(self) -> int:
+        """How many vectors the request asks for: one text or one token array is one, a list is one each."""
+        raw = self.input
+        if isinstance(raw, str) or (raw and all(isinstance(item, int) for item in raw)):
+            return 1
+        return len(raw)
+
     def wire(self) -> dict[str, Any]:
         """The JSON body sent to a worker (defaults left out)."""
         return self.model_dump(mode="json", exclude_defaults=True) | {"model": self.model, "input": self.input}
@@ -230,6 +270,12 @@ class EngineRerankRequest(_Frozen):
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = False
 
+    kind: ClassVar[RequestKind] = RequestKind.RERANK
+
     def wire(self) -> dict[str, Any]:
         """The JSON body sent to a worker (defaults left out)."""
         return self.model_dump(mode="json", exclude_defaults=True) | {"model": self.model}
+
+
+AnyEngineRequest = EngineRequest | EngineEmbeddingRequest | EngineRerankRequest
+"""Any request a worker accepts; its `kind` says which path it goes to (`ENGINE_PATHS`)."""

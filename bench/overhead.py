@@ -50,7 +50,9 @@ def _rotated(targets: Sequence[Target], round_index: int) -> list[Target]:
     return [*targets[k:], *targets[:k]]
 
 
-async def interleaved_ttft(spec: LoadSpec, targets: Sequence[Target], *, rounds: int) -> dict[str, Any]:
+async def interleaved_ttft(
+    spec: LoadSpec, targets: Sequence[Target], *, rounds: int, gap_s: float = 0.0
+) -> dict[str, Any]:
     """One request at a time, alternating paths every request so drift hits all paths alike.
 
     Every request has its own prompt (a worker's prefix cache must not favour whichever path comes second).
@@ -65,6 +67,8 @@ async def interleaved_ttft(spec: LoadSpec, targets: Sequence[Target], *, rounds:
             index += 1
         for r in range(rounds):
             for t in _rotated(targets, r):
+                if gap_s:
+                    await asyncio.sleep(gap_s)  # an idle client between requests (timers, caches, pools go cold)
                 rec = await send_one(client, dataclasses.replace(spec, base_url=t.base_url), index, 0.0)
                 index += 1
                 records[t.label].append(rec)

@@ -1,107 +1,64 @@
-"""From a validated OpenAI request to the one typed `EngineRequest` every worker accepts.
+"""What a deployment adds to a client's request on its way to the engine: `EngineTarget`.
 
-Mapping that belongs to the gateway happens here, once: the `developer` role becomes `system` (every chat
-template knows `system`), content parts are flattened to text, `max_completion_tokens` wins over
-`max_tokens`, the server's length defaults apply, the engine is always asked for usage when streaming
-(for exact token metrics), and the public model name becomes the one the worker knows.
+Each gateway request type builds its engine request itself (`to_engine(target)`, as vLLM's request types
+build their `SamplingParams`) and checks it against what the engine can honour (`check(capabilities,
+label)`); this module holds what they share: the deployment's side of the translation (the name the worker
+knows, the length defaults and cap, the model's sampling defaults) and the refusal of a kind the engine does
+not serve. It imports no wire type, so `gateway.protocol` can import it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
-from backends.request import EngineMessage, EngineRequest
+from backends.base import EngineCapabilities
+from backends.request import ENGINE_PATHS, RequestKind
 from gateway.errors import ErrorCode, GatewayError
-from gateway.protocol.requests import (
-    AssistantMessage,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ToolMessage,
-    validation_error,
-)
 
 
-def _message(message: Any) -> EngineMessage:
-    role = "system" if message.role == "developer" else message.role
-    if isinstance(message, AssistantMessage):
-        calls = tuple(message.tool_calls) if message.tool_calls else None
-        content = message.text() if message.content is not None else None
-        return EngineMessage(role="assistant", content=content, name=message.name, tool_calls=calls)
-    if isinstance(message, ToolMessage):
-        return EngineMessage(role="tool", content=message.text(), tool_call_id=message.tool_call_id)
-    return EngineMessage(role=role, content=message.text(), name=message.name)
+@dataclass(frozen=True)
+class EngineTarget:
+    """The deployment a request goes to, as its translation needs it.
+
+    `model` is the name the worker knows; `default_max_tokens` applies when the request sets no limit (None
+    for the translated APIs that OpenAI does not cap, such as Responses), `max_tokens_cap` is the server's
+    cap (a request over it is a 400, or with `clamp` served with the cap); `sampling` holds the model's
+    defaults for the fields a request leaves out; `embed_truncate` cuts over-long embedding inputs.
+    """
+
+    model: str
+    default_max_tokens: int | None = None
+    max_tokens_cap: int | None = None
+    clamp: bool = False
+    sampling: Mapping[str, float | int] = field(default_factory=dict)
+    embed_truncate: bool = False
+
+    def max_tokens(self, requested: int | None, param: str = "max_tokens") -> int | None:
+        """max_tokens for the engine: the request's (`param` names the field it came in), else the model's
+        default, else the server's cap; a request over the cap is a 400 naming `param`, or (`clamp`) is
+        served with the cap."""
+        cap = self.max_tokens_cap
+        if requested is not None and cap is not None and requested > cap:
+            if self.clamp:
+                return cap
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} {requested} exceeds this server's cap of {cap}",
+                               param=param)  # fmt: skip
+        limit = requested
+        if limit is None:
+            limit = self.default_max_tokens if self.default_max_tokens is not None else cap
+        if limit is not None and cap is not None:
+            limit = min(limit, cap)
+        return limit
 
 
-def _sampling(parsed: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    fields = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-              "repetition_penalty")  # fmt: skip
-    out = {name: getattr(parsed, name) for name in fields if getattr(parsed, name) is not None}
-    if parsed.ignore_eos:
-        out["ignore_eos"] = True
-    if parsed.n is not None:
-        out["n"] = parsed.n
-    if parsed.logit_bias:
-        out["logit_bias"] = parsed.logit_bias
-    if isinstance(parsed, CompletionRequest):
-        if parsed.logprobs is not None:  # the legacy integer: that many alternatives per token
-            out["logprobs"], out["top_logprobs"] = True, parsed.logprobs
-    elif parsed.logprobs:
-        out["logprobs"], out["top_logprobs"] = True, parsed.top_logprobs
-    return out
+def check_kind(kind: RequestKind, caps: EngineCapabilities, label: str) -> None:
+    """Refuse a request of a kind the deployment (`label`: "model 'x' (engine)") does not serve."""
+    if kind not in caps.kinds:
+        raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{label} does not serve {ENGINE_PATHS[kind]}",
+                           param="model")  # fmt: skip
 
 
-def token_limit(
-    parsed: ChatCompletionRequest | CompletionRequest,
-    *,
-    default_max_tokens: int | None = None,
-    cap: int | None = None,
-    clamp: bool = False,
-) -> int | None:
-    """max_tokens for the engine: the request's, else the model's default, else the server's cap; a
-    request over the cap is a 400 naming the field it sent, or (`clamp`) is served with the cap."""
-    limit = parsed.token_limit()
-    if limit is not None and cap is not None and limit > cap:
-        if clamp:
-            return cap
-        param = "max_completion_tokens" if getattr(parsed, "max_completion_tokens", None) else "max_tokens"
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} {limit} exceeds this server's cap of {cap}",
-                           param=param)  # fmt: skip
-    if limit is None:
-        limit = default_max_tokens if default_max_tokens is not None else cap
-    if limit is not None and cap is not None:
-        limit = min(limit, cap)
-    return limit
-
-
-def build_engine_request(
-    parsed: ChatCompletionRequest | CompletionRequest,
-    *,
-    model: str,
-    max_tokens: int | None = None,
-    defaults: Mapping[str, float | int] | None = None,
-) -> EngineRequest:
-    """The engine request for `parsed` (with `max_tokens` from `token_limit`, and the model's sampling
-    `defaults` for the fields it leaves out); a combination the engine request refuses is a 400 naming it."""
-    sampling = {**(defaults or {}), **_sampling(parsed)}
-    body: dict[str, Any] = {"model": model, "stream": parsed.stream, "stop": parsed.stops(), **sampling}
-    if parsed.stream:
-        body["stream_options"] = {"include_usage": True}
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    if isinstance(parsed, ChatCompletionRequest):
-        body["messages"] = tuple(_message(m) for m in parsed.messages)
-        body["continue_final_message"] = parsed.continues_reply
-        body["response_format"] = parsed.response_format
-        if parsed.tools:
-            body["tools"] = tuple(parsed.tools)
-            body["tool_choice"] = parsed.tool_choice
-            body["parallel_tool_calls"] = parsed.parallel_tool_calls
-    else:
-        body["prompt"] = parsed.prompt_text()
-    try:
-        return EngineRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+def refuse(message: str, param: str) -> GatewayError:
+    """A parameter the deployment cannot honour: a 400 naming it."""
+    return GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, message, param=param)

@@ -19,8 +19,8 @@ import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from backends.base import UpstreamError
-from gateway.errors import ErrorCode, GatewayError, internal_error, sse_error_frame
+from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error, sse_error_frame
+from gateway.upstream import transport_error
 
 DONE_FRAME = b"data: [DONE]\n\n"
 KEEPALIVE_FRAME = b": keep-alive\n\n"
@@ -55,27 +55,30 @@ class StreamStats:
         return self.chunks - self.chunks_before_content if self.first_content_at is not None else 0
 
 
-def upstream_error_to_gateway(err: UpstreamError) -> GatewayError:
-    """Map a worker's error to the gateway's family (one table for every engine)."""
-    if err.code == "context_length_exceeded":
-        return GatewayError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, err.message, param=err.param or "messages")
-    if err.status == 400 or err.status == 422:
-        return GatewayError(ErrorCode.INVALID_REQUEST, err.message, param=err.param)
-    if err.status == 429:
-        return GatewayError(ErrorCode.QUEUE_FULL, err.message, retry_after_s=5)
-    if err.status == 503:
-        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, err.message, retry_after_s=5)
-    return GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker error ({err.status}): {err.message}")
+@dataclass(frozen=True)
+class StreamFailure:
+    """A relayed stream that broke after its headers were sent (its one `data: {"error": ...}` frame), typed for
+    the translated APIs: the HTTP status its error would have had, the message and the gateway's code."""
 
+    status: int
+    message: str
+    code: str
 
-def transport_error(exc: Exception, model: str) -> GatewayError:
-    if isinstance(exc, httpx.TimeoutException):
-        return GatewayError(ErrorCode.UPSTREAM_TIMEOUT, f"model {model!r} did not answer in time", retry_after_s=5)
-    return GatewayError(
-        ErrorCode.WORKER_UNAVAILABLE,
-        f"model {model!r}: worker connection lost ({type(exc).__name__}); it is being restarted",
-        retry_after_s=5,
-    )
+    @classmethod
+    def from_frame(cls, data: bytes) -> StreamFailure:
+        """Read an error frame's JSON (`{"error": {"message", "type", "param", "code"}}`)."""
+        try:
+            error = json.loads(data).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if not isinstance(error, dict):
+            return cls(502, "the generation failed", ErrorCode.UPSTREAM_ERROR.value)
+        code = str(error.get("code") or ErrorCode.UPSTREAM_ERROR.value)
+        try:
+            status = STATUS[ErrorCode(code)]
+        except ValueError:
+            status = 502
+        return cls(status, str(error.get("message") or "the generation failed"), code)
 
 
 class RelayResponse(StreamingResponse):

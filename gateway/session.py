@@ -2,9 +2,10 @@
 from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
-for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `finish()`
-releases both (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
-count and one access-log line.
+for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `schedule()` is the
+one order of the two and the call (load, then admit, then call; `gateway.unary.UnaryCall` and `StreamSession`
+both go through it), `finish()` releases both (exactly once, whatever happened) and accounts the request
+once: metrics, the key's in-flight count and one access-log line.
 """
 
 from __future__ import annotations
@@ -14,29 +15,32 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import ValidationError
 
 from backends.base import RequestKind
+from backends.request import AnyEngineRequest
 from gateway.auth import Principal
 from gateway.deployments import Deployment
-from gateway.errors import GatewayError, sse_error_frame
+from gateway.errors import ErrorCode, GatewayError, sse_error_frame
 from gateway.live_speed import Flight
 from gateway.metrics import Metrics
-from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
+from gateway.protocol.responses import ChatCompletionChunk
+from gateway.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
 from gateway.residency import Hold, Residency
+from gateway.upstream import Upstream
 
 access_log = logging.getLogger("voltgate.access")
-
-PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION: "/v1/completions",
-         RequestKind.EMBEDDING: "/v1/embeddings", RequestKind.RERANK: "/v1/rerank"}  # fmt: skip
+T = TypeVar("T")
 
 CLIENT_GONE = 499
 GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed `gateway.live_speed` measures
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
+_PROGRESS = f'"{PROGRESS_KEY}":'.encode()  # as it appears in a progress chunk's JSON (never inside a string)
 PROGRESS_INTERVAL_S = 1.0
 """With progress chunks on, how often a stream waiting for a load hears where it stands."""
 CONTEXT_KEY = "voltgate_request"
@@ -168,6 +172,19 @@ class RequestScope:
             self.metrics.queue_depth.labels(self.model).set(admission.waiting)
         self._admitted(waited)
 
+    def ready_now(self) -> bool:
+        """Hold the model and take a slot if both are free now (the fast path: no waiting); False when the
+        request must wait for either (then `schedule`)."""
+        return self.try_load() and self.try_admit()
+
+    async def schedule(self, call: Callable[[], Awaitable[T]], load_wait_s: float | None) -> T:
+        """Load, then admit, then call: the one order every request follows (TGI's `Backend::schedule`),
+        for a unary answer and for a stream alike. Raises the load's 503 or the queue's 429."""
+        await self.load(load_wait_s)
+        if not self.try_admit():
+            await self.admit()
+        return await call()
+
     def _admitted(self, waited_s: float) -> None:
         self.admitted_at = time.monotonic()
         if self.ctx.kind in GENERATING:
@@ -243,19 +260,17 @@ class StreamSession:
         self,
         scope: RequestScope,
         *,
-        client: httpx.AsyncClient,
-        body: dict[str, Any],
+        upstream: Upstream,
+        request: AnyEngineRequest,
         include_usage: bool,
-        timeout: httpx.Timeout,
         keepalive_s: float,
         load_wait_s: float | None = None,
         progress_data: bool = False,
     ) -> None:
         self.scope = scope
-        self._client = client
-        self._body = body
+        self._worker = upstream
+        self._request = request
         self._include_usage = include_usage
-        self._timeout = timeout
         self._keepalive_s = keepalive_s
         self._load_wait_s = load_wait_s
         self._progress_data = progress_data
@@ -268,7 +283,7 @@ class StreamSession:
         """Hold the model, admit and open the upstream, or start waiting; raises `GatewayError` (before
         headers)."""
         try:
-            if self.scope.try_load() and self.scope.try_admit():
+            if self.scope.ready_now():
                 await self._open_upstream()
                 return
             headers_after_s = self._keepalive_s
@@ -287,26 +302,10 @@ class StreamSession:
             raise
 
     async def _prepare(self) -> None:
-        await self.scope.load(self._load_wait_s)
-        if not self.scope.try_admit():
-            await self.scope.admit()
-        await self._open_upstream()
+        await self.scope.schedule(self._open_upstream, self._load_wait_s)
 
     async def _open_upstream(self) -> None:
-        deployment = self.scope.deployment
-        url = deployment.worker.base_url() + PATHS[self.scope.ctx.kind]
-        try:
-            request = self._client.build_request("POST", url, json=self._body, timeout=self._timeout)
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, deployment.name) from None
-        if response.status_code != 200:
-            try:
-                content = await response.aread()
-            finally:
-                await response.aclose()
-            raise upstream_error_to_gateway(deployment.adapter.normalize_error(response.status_code, content))
-        self._upstream = response
+        self._upstream = await self._worker.open_stream(self._request)
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
         """The SSE byte runs for the client; always ends with `[DONE]`."""
@@ -372,18 +371,23 @@ class StreamSession:
             frame += b"data: " + json.dumps(body).encode() + b"\n\n"
         return progress.phase, frame
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any] | bytes, None]:
-        """The stream for API translation layers: parsed `data:` objects (chunks, or `{"error": ...}`), and
-        the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass them on)."""
+    async def chunks(self) -> AsyncGenerator[ChatCompletionChunk | StreamFailure | bytes, None]:
+        """The stream for API translation layers: typed chunks, one `StreamFailure` if it broke after its
+        headers, and the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass
+        them on). Loading-progress chunks are left out; a chunk that is not one is a failure, never dropped.
+        (The chat pass-through relays bytes and never comes here: `frames()`.)"""
         async for run in self.frames():
             for frame in run.split(b"\n\n"):
                 if frame.startswith(b":"):
                     yield frame + b"\n\n"
-                elif frame.startswith(b"data: ") and frame != DONE_FRAME.strip():
-                    with contextlib.suppress(ValueError):
-                        data = json.loads(frame[6:])
-                        if isinstance(data, dict) and PROGRESS_KEY not in data:
-                            yield data
+                elif frame.startswith(b'data: {"error"'):
+                    yield StreamFailure.from_frame(frame[6:])
+                elif frame.startswith(b"data: ") and frame != DONE_FRAME.strip() and _PROGRESS not in frame:
+                    try:
+                        yield ChatCompletionChunk.model_validate_json(frame[6:])
+                    except ValidationError as exc:
+                        message = f"worker sent a chunk that does not match the API: {exc.errors()[0]['msg']}"
+                        yield StreamFailure(502, message, ErrorCode.UPSTREAM_ERROR.value)
 
     def translation_failed(self, exc: GatewayError) -> None:
         """An API translation layer could not render this stream (say, a tool call Messages cannot stream in

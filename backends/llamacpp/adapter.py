@@ -19,7 +19,7 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
-from backends.request import EngineRequest
+from backends.request import AnyEngineRequest
 
 
 class LlamaCppAdapter:
@@ -83,8 +83,8 @@ class LlamaCppAdapter:
             fatal_log_patterns=(r"failed to load model", r"CUDA error: out of memory"),
         )
 
-    def translate_request(self, request: EngineRequest) -> dict[str, Any]:
-        """Our worker validates the body with the same `EngineRequest` model."""
+    def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
+        """Our workers validate the body with the same models (`backends.request`), whatever its kind."""
         return request.wire()
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from backends.request import MaxTokens, StopString, ToolName, TopK, TopP
+from backends.request import MaxTokens, StopString, ToolName, TopK, TopP, missing_tool
 from gateway.protocol.tagged import Body, Refused, type_tag
 
 
@@ -153,8 +153,9 @@ class CountTokensRequest(Body):
         names = {tool.name for tool in self.custom_tools()}
         if choice is None:
             return []
-        if choice.type == "tool" and (choice.name is None or choice.name not in names):
-            return [("tool_choice.name", f"tool_choice names {choice.name!r}, which is not in tools")]
+        problem = missing_tool(choice.name, names) if choice.type == "tool" else None
+        if problem is not None:
+            return [("tool_choice.name", problem)]
         if choice.type == "any" and not names:
             return [("tool_choice", "tool_choice 'any' needs at least one tool")]
         return []

@@ -77,6 +77,12 @@ def parse_body(raw: bytes, model_type: type[R], *, dotted: bool = False) -> R:
     data = load_json(raw, dotted=dotted)
     if not isinstance(data, dict):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    return validate_body(data, model_type, dotted=dotted)
+
+
+def validate_body(data: dict[str, Any], model_type: type[R], *, dotted: bool = False) -> R:
+    """Validate an already decoded body (a translated API's chat request, built in memory: no JSON round
+    trip), then refuse the first `unsupported()` feature; each a 400 `GatewayError` naming the parameter."""
     try:
         request = model_type.model_validate(data)
     except ValidationError as exc:

@@ -3,22 +3,35 @@
 What no engine here can honour (n > 1, logprobs, image parts, legacy functions, ...) is refused with a 400
 that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
 no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's own API does.
+
+Each request type crosses the seam to the engine itself: `check(capabilities, label)` refuses what the
+deployment cannot honour, `to_engine(target)` builds the engine's typed request (`backends.request`).
+Mapping that belongs to the gateway happens there, once: the `developer` role becomes `system` (every chat
+template knows `system`), content parts are flattened to text, `max_completion_tokens` wins over
+`max_tokens`, the server's length defaults apply, the engine is always asked for usage when streaming (for
+exact token metrics), and the public model name becomes the one the worker knows.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from backends.base import EngineCapabilities
 from backends.request import (
+    MAX_INPUTS,
     STOP_LIMIT,
     Choices,
+    EngineEmbeddingRequest,
+    EngineMessage,
+    EngineRequest,
     LogitBias,
     MaxTokens,
     MinP,
     Penalty,
     RepetitionPenalty,
+    RequestKind,
     ResponseFormat,
     StopString,
     Temperature,
@@ -29,6 +42,8 @@ from backends.request import (
     TopLogprobs,
     TopP,
 )
+from gateway.engine_requests import EngineTarget, check_kind, refuse
+from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.parsing import parse_body, validation_error
 
 
@@ -79,6 +94,10 @@ class _Message(_Body):
             return content
         return "".join(part.text for part in content if isinstance(part, TextPart))
 
+    def to_engine(self) -> EngineMessage:
+        role = getattr(self, "role", "user")
+        return EngineMessage(role="system" if role == "developer" else role, content=self.text(), name=self.name)
+
 
 class SystemMessage(_Message):
     role: Literal["system", "developer"]
@@ -97,11 +116,19 @@ class AssistantMessage(_Message):
     tool_calls: list[ToolCall] | None = None
     function_call: dict[str, Any] | None = None
 
+    def to_engine(self) -> EngineMessage:
+        calls = tuple(self.tool_calls) if self.tool_calls else None
+        content = self.text() if self.content is not None else None
+        return EngineMessage(role="assistant", content=content, name=self.name, tool_calls=calls)
+
 
 class ToolMessage(_Message):
     role: Literal["tool"]
     content: str | list[ContentPart]
     tool_call_id: str = Field(min_length=1)
+
+    def to_engine(self) -> EngineMessage:
+        return EngineMessage(role="tool", content=self.text(), tool_call_id=self.tool_call_id)
 
 
 class FunctionMessage(_Message):
@@ -189,14 +216,58 @@ class _Sampling(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    def _limit_param(self) -> str:
+        return "max_tokens"
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def units(self) -> int:
+        """Admission slots: one per choice (`n`), as the worker runs each in a slot."""
+        return self.n or 1
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def _sampling(self) -> dict[str, Any]:
+        fields = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty")  # fmt: skip
+        out = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+        if self.ignore_eos:
+            out["ignore_eos"] = True
+        if self.n is not None:
+            out["n"] = self.n
+        if self.logit_bias:
+            out["logit_bias"] = self.logit_bias
+        return out
+
+    def _engine(self, target: EngineTarget, inputs: dict[str, Any]) -> EngineRequest:
+        """The engine request with `inputs` (messages or prompt and what goes with them), the model's sampling
+        defaults for the fields the request leaves out; a combination it refuses is a 400 naming it."""
+        body: dict[str, Any] = {"model": target.model, "stream": self.stream, "stop": self.stops(),
+                                **target.sampling, **self._sampling(), **inputs}  # fmt: skip
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        limit = target.max_tokens(self.token_limit(), self._limit_param())
+        if limit is not None:
+            body["max_tokens"] = limit
+        try:
+            return EngineRequest.model_validate(body)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+
+    def _check_logprobs(self, reports: bool, label: str) -> None:
+        logprobs = getattr(self, "logprobs", None)
+        if logprobs is not None and logprobs is not False and not reports:
+            raise refuse(f"{label} does not report logprobs", "logprobs")
+
+    def log_prompt(self) -> Any:
+        """What the access log keeps of the request (`server.log_prompts`)."""
+        return None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -240,12 +311,49 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError(f'Ollama\'s format {fmt!r} is not supported: use "json", a JSON schema or response_format')
         return data
 
+    kind: ClassVar[RequestKind] = RequestKind.CHAT
+
     @property
     def continues_reply(self) -> bool:
         return self.messages[-1].role == "assistant" and self.continue_final_message is not False
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _limit_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+    def _sampling(self) -> dict[str, Any]:
+        out = super()._sampling()
+        if self.logprobs:
+            out["logprobs"], out["top_logprobs"] = True, self.top_logprobs
+        return out
+
+    def check(self, caps: EngineCapabilities, label: str) -> None:
+        """Refuse what the deployment (`label`) cannot honour, naming the parameter."""
+        check_kind(self.kind, caps, label)
+        self._check_logprobs(caps.logprobs, label)
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and not caps.json_schema:
+            raise refuse(f"{label} cannot follow a JSON schema", "response_format")
+        if fmt is not None and fmt.type == "json_object" and not caps.json_mode:
+            raise refuse("json mode is not supported", "response_format")
+        if self.tools and self.tool_choice != "none" and not caps.tools:
+            raise refuse(f"{label} has no tool-call parser configured", "tools")
+
+    def to_engine(self, target: EngineTarget) -> EngineRequest:
+        inputs: dict[str, Any] = {
+            "messages": tuple(m.to_engine() for m in self.messages),
+            "continue_final_message": self.continues_reply,
+            "response_format": self.response_format,
+        }
+        if self.tools:
+            inputs |= {"tools": tuple(self.tools), "tool_choice": self.tool_choice,
+                       "parallel_tool_calls": self.parallel_tool_calls}  # fmt: skip
+        return self._engine(target, inputs)
+
+    def log_prompt(self) -> Any:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
@@ -306,8 +414,26 @@ class CompletionRequest(_Sampling):
             problems.append(("suffix", "suffix is not supported"))
         return problems
 
+    kind: ClassVar[RequestKind] = RequestKind.COMPLETION
+
     def prompt_text(self) -> str:
         return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+    def _sampling(self) -> dict[str, Any]:
+        out = super()._sampling()
+        if self.logprobs is not None:  # the legacy integer: that many alternatives per token
+            out["logprobs"], out["top_logprobs"] = True, self.logprobs
+        return out
+
+    def check(self, caps: EngineCapabilities, label: str) -> None:
+        check_kind(self.kind, caps, label)
+        self._check_logprobs(caps.completion_logprobs, label)
+
+    def to_engine(self, target: EngineTarget) -> EngineRequest:
+        return self._engine(target, {"prompt": self.prompt_text()})
+
+    def log_prompt(self) -> Any:
+        return self.prompt
 
 
 class EmbeddingRequest(_Body):
@@ -318,11 +444,39 @@ class EmbeddingRequest(_Body):
     user: str | None = None
     stream: Literal[False] = False  # embeddings are never streamed: `stream: true` is a 400
 
+    kind: ClassVar[RequestKind] = RequestKind.EMBEDDING
+    units: ClassVar[int] = 1
+    include_usage: ClassVar[bool] = False
+
     def unsupported(self) -> list[tuple[str, str]]:
         return []
 
-    def engine_body(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True, exclude={"user", "stream"})
+    def check(self, caps: EngineCapabilities, label: str) -> None:
+        check_kind(self.kind, caps, label)
+        if self.dimensions is not None and not caps.dimensions:
+            why = f"{label} cannot shorten its vectors: `dimensions` needs a matryoshka model (matryoshka: true)"
+            raise refuse(why, "dimensions")
+
+    def to_engine(self, target: EngineTarget) -> EngineEmbeddingRequest:
+        """The worker's request, addressed to the name it knows; `target.embed_truncate` cuts over-long inputs
+        instead of refusing them. What needs the tokenizer (over-long inputs, token ids outside the vocabulary)
+        is the worker's 400, relayed with its `param`. `user` is not sent."""
+        try:
+            engine = EngineEmbeddingRequest(
+                model=target.model, input=self.input, encoding_format=self.encoding_format,
+                dimensions=self.dimensions, truncate=target.embed_truncate,
+            )  # fmt: skip
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        n = engine.inputs
+        if n == 0:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "'input' must not be an empty list", param="input")
+        if n > MAX_INPUTS:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, f"'input' has {n} items; at most {MAX_INPUTS}", param="input")
+        return engine
+
+    def log_prompt(self) -> Any:
+        return self.input
 
 
 InferenceRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest

@@ -8,11 +8,13 @@ Request: `{model, query, documents, top_n?, return_documents?}`. Response: `{mod
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.request import MAX_INPUTS, EngineRerankRequest
+from backends.base import EngineCapabilities
+from backends.request import MAX_INPUTS, EngineRerankRequest, RequestKind
+from gateway.engine_requests import EngineTarget, check_kind
 from gateway.protocol.parsing import parse_body
 
 MAX_DOCUMENTS = MAX_INPUTS
@@ -31,22 +33,26 @@ class RerankRequest(BaseModel):
     return_documents: bool = False
     stream: Literal[False] = False  # a ranking is one answer: `stream: true` is a 400
 
-    @property
-    def include_usage(self) -> bool:
-        return False
+    kind: ClassVar[RequestKind] = RequestKind.RERANK
+    units: ClassVar[int] = 1
+    include_usage: ClassVar[bool] = False
 
-    def engine_request(self) -> EngineRerankRequest:
-        """The worker's request (the same fields, validated by the worker with the same bounds)."""
+    def check(self, caps: EngineCapabilities, label: str) -> None:
+        check_kind(self.kind, caps, label)
+
+    def to_engine(self, target: EngineTarget) -> EngineRerankRequest:
+        """The worker's request (the same fields, validated by the worker with the same bounds), addressed to
+        the name the worker knows."""
         return EngineRerankRequest(
-            model=self.model,
+            model=target.model,
             query=self.query,
             documents=self.documents,
             top_n=self.top_n,
             return_documents=self.return_documents,
         )
 
-    def engine_body(self) -> dict[str, Any]:
-        return self.engine_request().wire()
+    def log_prompt(self) -> Any:
+        return {"query": self.query, "documents": self.documents}
 
     def unsupported(self) -> list[tuple[str, str]]:
         return []

@@ -66,11 +66,21 @@ class ChatCompletion(_Out):
         return body
 
 
+# A streamed chunk is read by the translated APIs (Responses, Messages) from whichever engine answered, so
+# these types take what an OpenAI-compatible upstream may leave out (envelope fields, a tool call's index,
+# an engine's own finish reason) rather than lose a token of the answer over it.
+
+
+class FunctionDelta(_Out):
+    name: str | None = None
+    arguments: str | None = None
+
+
 class ToolCallDelta(_Out):
-    index: int
+    index: int = 0
     id: str | None = None
     type: Literal["function"] | None = None
-    function: dict[str, str] | None = None
+    function: FunctionDelta | None = None
 
 
 class ChunkDelta(_Out):
@@ -82,17 +92,24 @@ class ChunkDelta(_Out):
 
 class ChunkChoice(_Out):
     index: int = 0
-    delta: ChunkDelta
+    delta: ChunkDelta = ChunkDelta()
     logprobs: dict[str, Any] | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = Field(default=None, description="the stop string matched (vLLM's extension)")
+    matched_stop: str | int | None = Field(default=None, description="the stop string matched (SGLang's extension)")
+
+    @property
+    def matched(self) -> str | int | None:
+        """The stop string an upstream says it matched, when it says so."""
+        return self.stop_reason or self.matched_stop
 
 
 class ChatCompletionChunk(_Out):
-    id: str
+    id: str = ""
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
+    created: int = 0
+    model: str | None = None
+    choices: list[ChunkChoice] = []
     usage: CompletionUsage | None = None
 
 

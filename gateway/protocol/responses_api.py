@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP
+from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP, missing_tool
 from gateway.protocol.tagged import Body, Refused, type_tag
 
 
@@ -334,8 +334,8 @@ class ResponsesRequest(Body):
         names = set(self.callable_functions())
         if isinstance(choice, Refused):
             problems.append(("tool_choice", f"tool_choice of type {choice.type!r} is not supported"))
-        elif isinstance(choice, FunctionToolChoice) and choice.name not in names:
-            problems.append(("tool_choice", f"tool_choice names {choice.name!r}, which is not in tools"))
+        elif isinstance(choice, FunctionToolChoice) and (problem := missing_tool(choice.name, names)) is not None:
+            problems.append(("tool_choice", problem))
         elif choice == "required" and not names:
             problems.append(("tool_choice", "tool_choice 'required' needs at least one function tool"))
         return problems

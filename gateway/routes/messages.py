@@ -15,20 +15,20 @@ error envelope in particular), and Anthropic publishes its own.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.errors import STATUS, ErrorCode, GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.inference import begin, model_hint, render
 from gateway.service import StreamSession, UnaryResult
-from gateway.translate import MessagesStream, encode_events, messages, new_id, parse_body
+from gateway.translate import MessagesStream, messages, new_id, parse_body
+from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import MESSAGES, chat_request, renamed
 
 router = APIRouter()
@@ -48,38 +48,6 @@ async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
         return await handle()
     except GatewayError as exc:
         return _error(exc)
-
-
-def _status(error: dict[str, Any]) -> int:
-    """The HTTP status of a mid-stream chat error frame (`{"error": {..., "code"}}`)."""
-    try:
-        return STATUS[ErrorCode(str(error.get("code")))]
-    except ValueError:
-        return 502
-
-
-async def _events(req: MessagesRequest, session: StreamSession) -> AsyncIterator[bytes]:
-    """The Messages event stream over the session's chat chunks; the session is closed by the caller."""
-    stream = MessagesStream(req, message_id=new_id("msg"))
-    yield encode_events(stream.start())
-    async with contextlib.aclosing(session.chunks()) as chunks:
-        async for chunk in chunks:
-            if isinstance(chunk, bytes):  # a comment while it waits: a ping event instead, which clients count
-                yield chunk + encode_events(stream.keepalive())
-                continue
-            error = chunk.get("error")
-            if isinstance(error, dict):  # the chat stream broke after its headers were sent
-                yield encode_events(stream.fail(_status(error), str(error.get("message") or "the generation failed")))
-                return
-            try:
-                events = stream.feed(chunk)
-            except GatewayError as exc:  # the model's output cannot be streamed as Messages events
-                session.translation_failed(exc)
-                yield encode_events(stream.fail(exc.status, exc.message))
-                return
-            if events:
-                yield encode_events(events)
-    yield encode_events(stream.finish())
 
 
 async def _submit(
@@ -127,7 +95,8 @@ async def create_message(request: Request) -> Response:
     async def handle() -> Response:
         req, result = await _submit(request, "messages", _parse_message, _render_message)
         if isinstance(result, StreamSession):
-            return RelayResponse(_events(req, result), result.close, headers=SSE_HEADERS)
+            events = translated_events(result, MessagesStream(req, message_id=new_id("msg")))
+            return RelayResponse(events, result.close, headers=SSE_HEADERS)
         if result.body is None:  # the client went away
             return render(result)
         return JSONResponse(result.body)

@@ -12,7 +12,6 @@ Stored responses belong to the API key that created them: another key gets 404 f
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import time
@@ -31,7 +30,8 @@ from gateway.routes.context import AppContext, app_context
 from gateway.routes.inference import begin, body_schema, model_hint, render
 from gateway.service import StreamSession
 from gateway.store import NotFound, ResponseStore
-from gateway.translate import ResponsesStream, encode_events, new_id, parse_body, responses
+from gateway.translate import ResponsesStream, new_id, parse_body, responses
+from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import RESPONSES, chat_request, renamed
 
 log = logging.getLogger("voltgate")
@@ -66,35 +66,18 @@ class _Turn:
             chat, self.req, response_id=self.response_id, created_at=self.created_at, completed_at=int(time.time())
         )
 
-    async def events(self, session: StreamSession) -> AsyncIterator[bytes]:
-        """The Responses event stream over the session's chat chunks; the session is closed by the caller."""
+    def events(self, session: StreamSession) -> AsyncIterator[bytes]:
+        """The Responses event stream over the session's chat chunks; the session is closed by the caller.
+        The response is stored as it ended, just before its last event goes out."""
         stream = ResponsesStream(self.req, response_id=self.response_id, created_at=self.created_at)
-        yield encode_events(stream.start())
-        ending: list[dict[str, Any]] | None = None
-        async with contextlib.aclosing(session.chunks()) as chunks:
+
+        async def store() -> None:
             try:
-                async for chunk in chunks:
-                    if isinstance(chunk, bytes):  # a comment while it waits: an event instead, which Codex counts
-                        yield chunk + encode_events(stream.keepalive())
-                        continue
-                    error = chunk.get("error")
-                    if isinstance(error, dict):  # the chat stream broke after its headers were sent
-                        message = str(error.get("message") or "the generation failed")
-                        ending = stream.fail(message, str(error.get("code") or "server_error"))
-                        break
-                    events = stream.feed(chunk)
-                    if events:
-                        yield encode_events(events)
-            except GatewayError as exc:  # the model's output cannot be streamed as Responses events
-                session.translation_failed(exc)
-                ending = stream.fail(exc.message, exc.code.value)
-        if ending is None:
-            ending = stream.finish()
-        try:
-            await self.save(stream.final_response())
-        except (sqlite3.Error, OSError):  # the answer is out already; a follow-up turn will get 400
-            log.exception("could not store response %s", self.response_id)
-        yield encode_events(ending)
+                await self.save(stream.final_response())
+            except (sqlite3.Error, OSError):  # the answer is out already; a follow-up turn will get 400
+                log.exception("could not store response %s", self.response_id)
+
+        return translated_events(session, stream, before_end=store)
 
 
 async def _history(store: ResponseStore, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.responses import ChatCompletionChunk, ToolCallDelta
 from gateway.translate.ids import new_id
-from gateway.translate.messages import anthropic_error, matched_stop, stop_reason, tool_input, usage
+from gateway.translate.messages import anthropic_error, stop_reason, tool_input, usage
 
 
 @dataclass
@@ -39,8 +40,8 @@ class _ToolUse:
 class MessagesStream:
     """Translate one streamed chat completion into Anthropic stream events; one instance per request.
 
-    Call `start()` (optional: the first `feed()` starts too), `feed()` with every chat chunk dict in
-    order, then exactly one of `finish()` or `fail()`; later calls return no events. Blocks are
+    Call `start()` (optional: the first `feed()` starts too), `feed()` with every typed chat chunk in
+    order, then exactly one of `finish()` or `fail()` (`broke()`); later calls return no events. Blocks are
     sequential: a tool call whose arguments continue after a later block began cannot be streamed
     faithfully, so `feed()` raises a 502 `GatewayError` for it; the caller then calls `fail()`.
     Not thread-safe.
@@ -71,22 +72,22 @@ class MessagesStream:
         them: SDKs and Claude Code count events, not SSE comments, as activity."""
         return [] if self._ended else [*self.start(), {"type": "ping"}]
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one `chat.completion.chunk` dict."""
+    def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
+        """The events for one `chat.completion.chunk`."""
         if self._ended:
             return []
         events = self.start()
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._on_text(delta["content"])
-            for call in delta.get("tool_calls") or ():
+        if chunk.usage is not None:
+            self._usage = chunk.usage.model_dump(mode="json")
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                events += self._on_text(delta.content)
+            for call in delta.tool_calls or ():
                 events += self._on_tool_call(call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
-                self._matched = matched_stop(choice)
+            if choice.finish_reason:
+                self._finish_reason = choice.finish_reason
+                self._matched = choice.matched
         return events
 
     def finish(self) -> list[dict[str, Any]]:
@@ -106,6 +107,11 @@ class MessagesStream:
         )
         events.append({"type": "message_stop"})
         return events
+
+    def broke(self, status: int, message: str, code: str) -> list[dict[str, Any]]:
+        """The chat stream broke (`status`, `message`; `code` is the gateway's): `fail()`."""
+        del code
+        return self.fail(status, message)
 
     def fail(self, status: int, message: str) -> list[dict[str, Any]]:
         """One `error` event in Anthropic's envelope (the type from `status`); the stream then ends."""
@@ -174,16 +180,15 @@ class MessagesStream:
         )
         return events
 
-    def _on_tool_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        index = int(delta.get("index") or 0)
-        function = delta.get("function") or {}
+    def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
+        index = delta.index
+        name = delta.function.name if delta.function is not None else None
+        fragment = delta.function.arguments if delta.function is not None else None
         call = self._calls.get(index)
         events: list[dict[str, Any]] = []
-        if call is None or (delta.get("id") and delta["id"] != call.id):
+        if call is None or (delta.id and delta.id != call.id):
             events += self._close_current()
-            call = _ToolUse(
-                index=len(self._blocks), id=delta.get("id") or new_id("call"), name=function.get("name") or ""
-            )
+            call = _ToolUse(index=len(self._blocks), id=delta.id or new_id("call"), name=name or "")
             self._calls[index] = call
             self._open(call)
             block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
@@ -193,9 +198,8 @@ class MessagesStream:
                 ErrorCode.UPSTREAM_ERROR,
                 f"the model's tool call {index} continued after a later block began; it cannot be streamed in order",
             )
-        elif function.get("name") and not call.name:
-            call.name = function["name"]
-        fragment = function.get("arguments")
+        elif name and not call.name:
+            call.name = name
         if fragment:
             call.arguments.append(fragment)
             delta_event = {"type": "input_json_delta", "partial_json": fragment}

@@ -8,14 +8,14 @@ tool results are moved or split), so it is reported as the client's whole `input
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol import ChatCompletionRequest
+from gateway.protocol.parsing import validate_body
 
 _HEAD = re.compile(r"^[A-Za-z_]+")
 _TOOL = re.compile(r"^tools\[(\d+)\](?:\.function)?(?:\.(\w+))?")
@@ -81,8 +81,9 @@ def renamed(error: GatewayError, names: ParamNames) -> GatewayError:
 
 
 def chat_request(body: dict[str, Any], names: ParamNames) -> ChatCompletionRequest:
-    """A translated request as the gateway's chat request; a refusal names the client's parameter."""
+    """A translated request as the gateway's chat request (validated from memory, never re-encoded as JSON);
+    a refusal names the client's parameter."""
     try:
-        return parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+        return validate_body(body, ChatCompletionRequest)
     except GatewayError as exc:
         raise renamed(exc, names) from None

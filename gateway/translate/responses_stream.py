@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.responses import ChatCompletionChunk, ToolCallDelta
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.translate.ids import new_id
 from gateway.translate.responses import (
@@ -54,8 +55,8 @@ class ResponsesStream:
     """Translate one streamed chat completion into Responses events; one instance per request.
 
     Call `start()` (optional: the first `feed()` starts too) as soon as the stream opens, `feed()` with
-    every chat chunk dict in order (usage chunks with `choices: []` included), then exactly one of
-    `finish()` (the chat stream ended) or `fail()` (it broke); later calls return no events. Each call
+    every typed chat chunk in order (usage chunks with `choices: []` included), then exactly one of
+    `finish()` (the chat stream ended) or `fail()` (`broke()`: it broke); later calls return no events. Each call
     returns the events to send, in order. Items are sequential: a tool call whose arguments continue
     after another tool call has begun cannot be streamed faithfully, so `feed()` raises a 502
     `GatewayError` (upstream_error) for it; the caller then calls `fail()`. `refusal` deltas are not
@@ -87,22 +88,22 @@ class ResponsesStream:
             self._event("response.in_progress", response=self._snapshot("in_progress")),
         ]
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one `chat.completion.chunk` dict."""
+    def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
+        """The events for one `chat.completion.chunk`."""
         if self._final is not None:
             return []
         events = self.start()
-        self._model = chunk.get("model") or self._model
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._on_text(delta["content"])
-            for call in delta.get("tool_calls") or ():
+        self._model = chunk.model or self._model
+        if chunk.usage is not None:
+            self._usage = chunk.usage.model_dump(mode="json")
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                events += self._on_text(delta.content)
+            for call in delta.tool_calls or ():
                 events += self._on_tool_call(call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+            if choice.finish_reason:
+                self._finish_reason = choice.finish_reason
         return events
 
     def finish(self, *, completed_at: int | None = None) -> list[dict[str, Any]]:
@@ -128,6 +129,11 @@ class ResponsesStream:
         )
         events.append(self._event(f"response.{status}", response=self._final))
         return events
+
+    def broke(self, status: int, message: str, code: str) -> list[dict[str, Any]]:
+        """The chat stream broke (`message`, the gateway's `code`; `status` is implied by it): `fail()`."""
+        del status
+        return self.fail(message, code)
 
     def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         """An `error` event, then response.failed carrying what was produced so far (open items incomplete)."""
@@ -211,14 +217,15 @@ class ResponsesStream:
             self._event("response.content_part.added", **where, content_index=0, part=_empty_text_part()),
         ]
 
-    def _on_tool_call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        index = int(delta.get("index") or 0)
-        function = delta.get("function") or {}
+    def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
+        index = delta.index
+        name = delta.function.name if delta.function is not None else None
+        fragment = delta.function.arguments if delta.function is not None else None
         call = self._calls.get(index)
         events: list[dict[str, Any]] = []
-        if call is None or (delta.get("id") and delta["id"] != call.call_id):
+        if call is None or (delta.id and delta.id != call.call_id):
             events += self._close_current("completed")
-            call = self._open_call(index, delta.get("id") or new_id("call"), function.get("name") or "")
+            call = self._open_call(index, delta.id or new_id("call"), name or "")
             events.append(
                 self._event("response.output_item.added", output_index=call.output_index, item=self._item(call))
             )
@@ -227,9 +234,8 @@ class ResponsesStream:
                 ErrorCode.UPSTREAM_ERROR,
                 f"the model's tool call {index} continued after a later item began; it cannot be streamed in order",
             )
-        elif function.get("name") and not call.name:
-            call.name = function["name"]
-        fragment = function.get("arguments")
+        elif name and not call.name:
+            call.name = name
         if fragment:
             call.arguments.append(fragment)
             events.append(

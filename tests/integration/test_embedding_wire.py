@@ -18,6 +18,7 @@ from backends.llamacpp.worker.embed_server import (
 )
 from backends.llamacpp.worker.embedding import finish_vectors, plan_passes
 from backends.request import EngineEmbeddingRequest, EngineRerankRequest
+from gateway.engine_requests import EngineTarget
 from gateway.protocol.rerank import RerankRequest, RerankResponse
 from tests.openai_schema import assert_matches_openai
 
@@ -117,7 +118,8 @@ def test_rerank_request_becomes_the_engine_request() -> None:
     request = RerankRequest.model_validate(
         {"model": "r", "query": "q", "documents": ["a", "b"], "top_n": 1, "metadata": {"ignored": True}}
     )
-    assert request.engine_body() == {"model": "r", "query": "q", "documents": ["a", "b"], "top_n": 1}
+    engine = request.to_engine(EngineTarget(model="r-worker"))
+    assert engine.wire() == {"model": "r-worker", "query": "q", "documents": ["a", "b"], "top_n": 1}
     with pytest.raises(ValidationError):
         RerankRequest.model_validate({"model": "r", "query": "q", "documents": ["a"] * 2049})
 

@@ -17,12 +17,15 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.session import RequestContext, account
 from gateway.translate import MessagesStream, ResponsesStream, parse_body
 from gateway.translate.messages import anthropic_error_body
 from gateway.translate.messages import usage as messages_usage
 from tests.responses_schema import assert_matches
+
+typed = ChatCompletionChunk.model_validate  # the chat chunks the streams are fed, typed as the session yields them
 
 
 def overflow(message: str) -> GatewayError:
@@ -133,8 +136,8 @@ def test_prefix_cache_hits_are_cache_read_input_tokens_on_messages() -> None:
         dotted=True,
     )
     stream = MessagesStream(req, message_id="msg_1")
-    stream.feed({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]})
-    stream.feed({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51,
-                                          "prompt_tokens_details": {"cached_tokens": 48}}})  # fmt: skip
+    stream.feed(typed({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}))
+    stream.feed(typed({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51,
+                                          "prompt_tokens_details": {"cached_tokens": 48}}}))  # fmt: skip
     delta = stream.finish()[-2]
     assert delta["usage"]["input_tokens"] == 2 and delta["usage"]["cache_read_input_tokens"] == 48

@@ -12,10 +12,13 @@ from openai.types.responses import Response
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.translate import ResponsesStream, messages, parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches
+
+typed = ChatCompletionChunk.model_validate  # the chat chunks the streams are fed, typed as the session yields them
 
 SPAWN = {
     "type": "function",
@@ -94,8 +97,9 @@ def test_a_streamed_namespaced_call_names_namespace_and_name_apart() -> None:
         "type": "function",
         "function": {"name": "multi_agent_v1.close_agent", "arguments": "{}"},
     }
-    events = stream.feed({"model": "smol", "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
-    events += stream.feed({"model": "smol", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    events = stream.feed(typed({"model": "smol", "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}))
+    finished = {"model": "smol", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+    events += stream.feed(typed(finished))
     events += stream.finish()
     added = next(e for e in events if e["type"] == "response.output_item.added")
     done = next(e for e in events if e["type"] == "response.output_item.done")

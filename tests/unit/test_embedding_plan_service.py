@@ -18,13 +18,12 @@ from starlette.routing import Route
 from backends.base import DeploymentPlan, EngineName, RequestKind
 from backends.llamacpp import LlamaCppAdapter
 from backends.remote import RemoteAdapter
-from backends.request import MAX_INPUTS as ENGINE_MAX_INPUTS
-from backends.request import EngineEmbeddingRequest, EngineRerankRequest
+from backends.request import MAX_INPUTS, EngineEmbeddingRequest, EngineRerankRequest
 from gateway.admission import Admission
 from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.embedding_requests import MAX_INPUTS, build_embedding_request, count_inputs
+from gateway.engine_requests import EngineTarget
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.protocol import EmbeddingRequest, parse_request
@@ -106,23 +105,23 @@ def _request() -> Request:
 
 def test_the_gateway_and_the_worker_agree_on_the_input_limit() -> None:
     # The worker's default limit is this same constant: tests/integration/test_embedding_server.py checks it.
-    assert MAX_INPUTS == ENGINE_MAX_INPUTS == MAX_DOCUMENTS == 2048
+    assert MAX_INPUTS == MAX_DOCUMENTS == 2048
 
 
 @pytest.mark.parametrize(
     ("inputs", "n"), [("a", 1), (["a", "b"], 2), ([1, 2, 3], 1), ([[1], [2, 3]], 2), ([], 0)]
 )  # fmt: skip
 def test_inputs_are_counted_as_the_vectors_they_ask_for(inputs: Any, n: int) -> None:
-    assert count_inputs(EmbeddingRequest(model="m", input=inputs)) == n
+    assert EngineEmbeddingRequest(model="m", input=inputs).inputs == n
 
 
 def test_the_engine_body_is_openais_without_user_and_with_truncate_only_when_configured() -> None:
     parsed = EmbeddingRequest(model="alias", input=["a"], user="alice", dimensions=8)
-    plain = build_embedding_request(parsed, model="w", truncate=False).wire()
+    plain = parsed.to_engine(EngineTarget(model="w")).wire()
     assert plain == {"model": "w", "input": ["a"], "dimensions": 8}  # what a remote endpoint gets too
-    assert build_embedding_request(parsed, model="w", truncate=True).wire()["truncate"] is True
+    assert parsed.to_engine(EngineTarget(model="w", embed_truncate=True)).wire()["truncate"] is True
     with pytest.raises(GatewayError) as info:
-        build_embedding_request(EmbeddingRequest(model="m", input=["a"] * 2049), model="w", truncate=False)
+        EmbeddingRequest(model="m", input=["a"] * 2049).to_engine(EngineTarget(model="w"))
     assert (info.value.param, info.value.status) == ("input", 400)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from backends.request import EngineRequest
-from gateway.engine_requests import build_engine_request, token_limit
+from gateway.engine_requests import EngineTarget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
@@ -88,8 +88,13 @@ def test_a_json_array_body_is_refused() -> None:
 
 def engine(body: dict, model_type: type = ChatCompletionRequest, **kwargs: object) -> EngineRequest:
     parsed = parse_request(json.dumps(body).encode(), model_type)
-    limit = token_limit(parsed, **kwargs)  # type: ignore[arg-type]
-    return build_engine_request(parsed, model="worker-name", max_tokens=limit)
+    target = EngineTarget(
+        model="worker-name",
+        default_max_tokens=kwargs.get("default_max_tokens"),  # type: ignore[arg-type]
+        max_tokens_cap=kwargs.get("cap"),  # type: ignore[arg-type]
+        clamp=bool(kwargs.get("clamp", False)),
+    )
+    return parsed.to_engine(target)  # type: ignore[no-any-return]
 
 
 def test_text_parts_are_flattened_for_the_engine_and_max_completion_tokens_wins() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigError, ModelSpec
-from gateway.engine_requests import build_engine_request
+from gateway.engine_requests import EngineTarget
 from gateway.protocol.requests import ChatCompletionRequest
 
 
@@ -15,12 +15,12 @@ def chat(**params: object) -> ChatCompletionRequest:
 
 
 def test_defaults_fill_what_the_request_leaves_out() -> None:
-    request = build_engine_request(chat(top_p=0.5), model="m", defaults={"temperature": 0.0, "top_p": 0.9})
+    request = chat(top_p=0.5).to_engine(EngineTarget(model="m", sampling={"temperature": 0.0, "top_p": 0.9}))
     assert request.temperature == 0.0 and request.top_p == 0.5
 
 
 def test_no_defaults_leave_the_engines_own() -> None:
-    assert build_engine_request(chat(), model="m").temperature is None
+    assert chat().to_engine(EngineTarget(model="m")).temperature is None
 
 
 def test_the_config_key_is_checked() -> None:

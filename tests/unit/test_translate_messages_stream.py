@@ -13,8 +13,11 @@ from pydantic import TypeAdapter
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.responses import ChatCompletionChunk
 from gateway.translate import MessagesStream, encode_event, parse_body
 from gateway.translate.messages import to_chat
+
+typed = ChatCompletionChunk.model_validate  # the chat chunks the streams are fed, typed as the session yields them
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
@@ -79,7 +82,7 @@ def run(
     stream = MessagesStream(req or request(), message_id="msg_s")
     events = stream.start()
     for c in chunks:
-        events += stream.feed(c)
+        events += stream.feed(typed(c))
     return events + stream.finish(), stream
 
 
@@ -199,19 +202,19 @@ def test_a_named_stop_sequence_is_reported() -> None:
 
 def test_failure_is_one_error_event_in_anthropics_envelope() -> None:
     stream = MessagesStream(request(), message_id="m")
-    events = stream.feed(chunk({"content": "Hal"}))
+    events = stream.feed(typed(chunk({"content": "Hal"})))
     events += stream.fail(503, "no worker is ready")
     assert types(events) == ["message_start", "ping", "content_block_start", "content_block_delta", "error"]
     assert events[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": "no worker is ready"}}
-    assert stream.finish() == [] and stream.feed(chunk({"content": "x"})) == []
+    assert stream.finish() == [] and stream.feed(typed(chunk({"content": "x"}))) == []
 
 
 def test_a_fragment_for_a_closed_tool_call_is_an_upstream_error() -> None:
     stream = MessagesStream(request(), message_id="m")
-    stream.feed(chunk(call_delta(0, call_id="a", name="f", arguments="{")))
-    stream.feed(chunk(call_delta(1, call_id="b", name="f", arguments="{")))
+    stream.feed(typed(chunk(call_delta(0, call_id="a", name="f", arguments="{"))))
+    stream.feed(typed(chunk(call_delta(1, call_id="b", name="f", arguments="{"))))
     with pytest.raises(GatewayError) as caught:
-        stream.feed(chunk(call_delta(0, arguments="}")))
+        stream.feed(typed(chunk(call_delta(0, arguments="}"))))
     assert caught.value.status == 502
 
 
@@ -243,7 +246,7 @@ def test_sdk_stream_helper_reads_text() -> None:
 
 def test_sdk_raises_on_the_error_event() -> None:
     stream = MessagesStream(request(), message_id="m")
-    events = stream.feed(chunk({"content": "Hal"})) + stream.fail(529, "overloaded")
+    events = stream.feed(typed(chunk({"content": "Hal"}))) + stream.fail(529, "overloaded")
     client = sdk_client(events)
     with pytest.raises(anthropic.APIStatusError) as caught:
         list(

@@ -11,10 +11,13 @@ import openai
 import pytest
 
 from gateway.errors import GatewayError
+from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.translate import ResponsesStream, encode_event, parse_body
 from gateway.translate.responses import to_chat
 from tests.responses_schema import assert_event_matches
+
+typed = ChatCompletionChunk.model_validate  # the chat chunks the streams are fed, typed as the session yields them
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": None}
 
@@ -77,7 +80,7 @@ def run(
     stream = ResponsesStream(req or request(), response_id="resp_s", created_at=1_700_000_000)
     events = stream.start()
     for c in chunks:
-        events += stream.feed(c)
+        events += stream.feed(typed(c))
     events += stream.finish(completed_at=1_700_000_001)
     return events, stream
 
@@ -209,7 +212,7 @@ def test_length_finish_ends_incomplete() -> None:
 
 def test_failure_mid_stream_is_an_error_event_then_response_failed() -> None:
     stream = ResponsesStream(request(), response_id="resp_f", created_at=1)
-    events = stream.feed(chunk({"content": "Hal"}))
+    events = stream.feed(typed(chunk({"content": "Hal"})))
     events += stream.fail("the worker crashed", "worker_unavailable")
     check(events)
     assert types(events)[-2:] == ["error", "response.failed"]
@@ -217,15 +220,15 @@ def test_failure_mid_stream_is_an_error_event_then_response_failed() -> None:
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"] == {"code": "server_error", "message": "the worker crashed"}
     assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "Hal"
-    assert stream.finish() == [] and stream.feed(chunk({"content": "x"})) == []
+    assert stream.finish() == [] and stream.feed(typed(chunk({"content": "x"}))) == []
 
 
 def test_a_fragment_for_a_closed_tool_call_is_an_upstream_error_not_mangled_arguments() -> None:
     stream = ResponsesStream(request(tools=[WEATHER]), response_id="r", created_at=1)
-    stream.feed(chunk(call_delta(0, call_id="a", name="get_weather", arguments="{")))
-    stream.feed(chunk(call_delta(1, call_id="b", name="get_weather", arguments="{")))
+    stream.feed(typed(chunk(call_delta(0, call_id="a", name="get_weather", arguments="{"))))
+    stream.feed(typed(chunk(call_delta(1, call_id="b", name="get_weather", arguments="{"))))
     with pytest.raises(GatewayError) as caught:
-        stream.feed(chunk(call_delta(0, arguments="}")))
+        stream.feed(typed(chunk(call_delta(0, arguments="}"))))
     assert caught.value.status == 502
 
 

@@ -10,25 +10,38 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.routes.messages import _events as message_events
+from gateway.relay import StreamFailure
 from gateway.routes.responses import _Turn
 from gateway.store import ResponseStore
+from gateway.translate import MessagesStream
+from gateway.translate.chunk_loop import translated_events
+
+
+def message_events(req: MessagesRequest, session: FakeSession) -> Any:
+    return translated_events(session, MessagesStream(req, message_id="msg_1"))
 
 
 class FakeSession:
-    """Stands for `gateway.session.StreamSession`: `chunks()` yields the chat chunk dicts (and SSE comment
-    frames, as bytes) it was given; `translation_failed` records what the translation gave up with."""
+    """Stands for `gateway.session.StreamSession`: `chunks()` yields the chat chunks it was given, typed as the
+    session yields them (an error frame's body as a `StreamFailure`; SSE comment frames as bytes);
+    `translation_failed` records what the translation gave up with."""
 
     def __init__(self, chunks: list[dict[str, Any] | bytes]) -> None:
         self._chunks = chunks
         self.closed = False
         self.failed: list[GatewayError] = []
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any] | bytes, None]:
+    async def chunks(self) -> AsyncGenerator[ChatCompletionChunk | StreamFailure | bytes, None]:
         try:
             for chunk in self._chunks:
-                yield chunk
+                if isinstance(chunk, bytes):
+                    yield chunk
+                elif "error" in chunk:
+                    yield StreamFailure.from_frame(json.dumps(chunk).encode())
+                else:
+                    yield ChatCompletionChunk.model_validate(chunk)
         finally:
             self.closed = True
 
@@ -44,7 +57,8 @@ def finish(reason: str) -> dict[str, Any]:
     return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}
 
 
-USAGE = {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+USAGE = {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                                                  "total_tokens": 7}}  # fmt: skip
 BROKEN = {"error": {"message": "the worker restarted", "type": "server_error", "code": "worker_unavailable"}}
 
 

@@ -1,0 +1,94 @@
+"""One deployment's worker as the gateway calls it: `Upstream` (`post` for a whole answer, `open_stream` for an
+SSE body), the one place where a worker is called over HTTP.
+
+It owns the worker's URL (read at each call: a restarted worker may listen elsewhere), the timeouts, the
+engine adapter's translation of the typed request (`backends.request`, every kind through the same door),
+transport errors and the mapping of the worker's error answers to the gateway's family.
+
+    Upstream.post(request)        translate → POST → 200: the JSON object | GatewayError
+    Upstream.open_stream(request) translate → POST (streamed) → 200: the open response | GatewayError
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from backends.base import UpstreamError
+from backends.request import ENGINE_PATHS, AnyEngineRequest
+from gateway.deployments import Deployment
+from gateway.errors import ErrorCode, GatewayError
+
+
+def upstream_error_to_gateway(err: UpstreamError) -> GatewayError:
+    """Map a worker's error to the gateway's family (one table for every engine)."""
+    if err.code == "context_length_exceeded":
+        return GatewayError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, err.message, param=err.param or "messages")
+    if err.status == 400 or err.status == 422:
+        return GatewayError(ErrorCode.INVALID_REQUEST, err.message, param=err.param)
+    if err.status == 429:
+        return GatewayError(ErrorCode.QUEUE_FULL, err.message, retry_after_s=5)
+    if err.status == 503:
+        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, err.message, retry_after_s=5)
+    return GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker error ({err.status}): {err.message}")
+
+
+def transport_error(exc: Exception, model: str) -> GatewayError:
+    """A call that got no answer: a timeout (504-family, retry later) or a lost connection (503)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return GatewayError(ErrorCode.UPSTREAM_TIMEOUT, f"model {model!r} did not answer in time", retry_after_s=5)
+    return GatewayError(
+        ErrorCode.WORKER_UNAVAILABLE,
+        f"model {model!r}: worker connection lost ({type(exc).__name__}); it is being restarted",
+        retry_after_s=5,
+    )
+
+
+class Upstream:
+    """Calls one deployment's worker. Stateless between calls (the client's pool keeps the connections), so one
+    per deployment serves every request to it concurrently."""
+
+    def __init__(self, deployment: Deployment, client: httpx.AsyncClient, timeout: httpx.Timeout) -> None:
+        self.deployment = deployment
+        self._client = client
+        self._timeout = timeout
+
+    def _request(self, request: AnyEngineRequest) -> httpx.Request:
+        url = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
+        body = self.deployment.adapter.translate_request(request)
+        return self._client.build_request("POST", url, json=body, timeout=self._timeout)
+
+    def _refused(self, status: int, content: bytes) -> GatewayError:
+        return upstream_error_to_gateway(self.deployment.adapter.normalize_error(status, content))
+
+    async def post(self, request: AnyEngineRequest) -> dict[str, Any]:
+        """The worker's whole answer, a JSON object; raises `GatewayError` for every other outcome."""
+        try:
+            response = await self._client.send(self._request(request))
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.deployment.name) from None
+        if response.status_code != 200:
+            raise self._refused(response.status_code, response.content)
+        try:
+            data = response.json()
+        except ValueError:
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "worker sent a body that is not JSON") from None
+        if not isinstance(data, dict):
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "worker sent an unexpected body")
+        return data
+
+    async def open_stream(self, request: AnyEngineRequest) -> httpx.Response:
+        """The worker's streamed answer, open with status 200 (the caller closes it); a refusal is read whole,
+        closed and raised as `GatewayError`, before any byte reaches the client."""
+        try:
+            response = await self._client.send(self._request(request), stream=True)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.deployment.name) from None
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
+            raise self._refused(response.status_code, content)
+        return response
