@@ -32,13 +32,13 @@ from gateway.deployments import Deployment, Registry
 from gateway.embedding_requests import build_embedding_request
 from gateway.engine_requests import build_engine_request, token_limit
 from gateway.errors import ErrorCode, GatewayError
-from gateway.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.residency import Residency
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, InferenceRequest
 from gateway.protocol.requests import EmbeddingRequest
 from gateway.protocol.rerank import RerankRequest, RerankResponse
 from gateway.relay import transport_error, upstream_error_to_gateway
-from gateway.residency import Residency
 from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
 
 __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]

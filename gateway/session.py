@@ -2,7 +2,7 @@
 from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
-for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `finish()`
+for its load when it is not: `gateway.lifecycle.residency`), `try_admit()` / `admit()` take a slot, `finish()`
 releases both (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
 count and one access-log line.
 """
@@ -24,10 +24,10 @@ from backends.base import RequestKind
 from gateway.auth import Principal
 from gateway.deployments import Deployment
 from gateway.errors import GatewayError, sse_error_frame
+from gateway.lifecycle.residency import Hold, Residency
 from gateway.live_speed import Flight
 from gateway.metrics import Metrics
 from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
-from gateway.residency import Hold, Residency
 
 access_log = logging.getLogger("voltgate.access")
 

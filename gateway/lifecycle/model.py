@@ -1,7 +1,7 @@
 """One model as the residency manager keeps it (`Resident`): its state, the holds requests keep on it, the
 requests waiting for its load, its memory and load history; and the admin view of it.
 
-Only `gateway.residency` changes a `Resident`; everything here reads or counts.
+Only `gateway.lifecycle.residency` changes a `Resident`; everything here reads or counts.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.deployments import Deployment
-from gateway.memory import ModelMemory
-from gateway.workers import WorkerState
+from gateway.lifecycle.handle import WorkerState
+from gateway.lifecycle.memory import ModelMemory
+from gateway.lifecycle.policy import Backoff, Policy
 
 
 class ModelState(StrEnum):
@@ -84,8 +85,7 @@ class Resident:
     last_load_s: float | None = None
     ready_at: float | None = None
     error: str | None = None
-    retry_at: float | None = None
-    failures: int = 0
+    backoff: Backoff = field(default_factory=Backoff)  # a failed load remembered, when the worker does not restart
     retry_crashed: bool = False  # an admin load: also retry a worker that gave up after a crash loop
 
     def __post_init__(self) -> None:
@@ -96,8 +96,12 @@ class Resident:
         return self.deployment.name
 
     @property
-    def pinned(self) -> bool:
-        return self.deployment.load == "always"
+    def policy(self) -> Policy:
+        return self.deployment.policy
+
+    @property
+    def evictable(self) -> bool:
+        return self.policy.evictable
 
     def touch(self) -> None:
         self.last_used, self.last_used_wall = time.monotonic(), time.time()
@@ -106,24 +110,24 @@ class Resident:
         """For display (/v1/models, /ready, /admin/models); never a precondition. A pinned model shows its
         worker's state; an on-demand one whose worker died a moment ago shows FAILED at once."""
         worker = self.deployment.worker.state
-        if self.pinned:
+        if self.policy.restarts:  # its worker loads and restarts it: the worker's state is the model's
             return _WORKER_STATES[worker]
         if self.state is ModelState.READY and worker is not WorkerState.READY:
             return ModelState.FAILED
         return self.state
 
     def progress_now(self) -> Progress:
-        if self.pinned:  # a pinned model loads in its worker's supervisor: say which start it waits for
+        if self.policy.restarts:  # it loads in its worker's own loop: say which start it waits for
             phase = "its worker is starting" if self.deployment.worker.restarts == 0 else "its worker is restarting"
             return Progress(self.name, phase, time.monotonic() - self.phase_started)
         return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
 
     def idle_for_long(self, now: float) -> bool:
         """An on-demand model READY with no request for its `idle_unload_s`: the reaper unloads it."""
-        ttl = self.deployment.idle_unload_s
+        ttl = self.policy.idle_unload_s
         return (
             ttl is not None
-            and not self.pinned
+            and self.policy.evictable
             and self.state is ModelState.READY
             and not self.holds
             and self.last_used is not None
@@ -134,7 +138,7 @@ class Resident:
         """Why a FAILED model is failed (for display); None in every other state."""
         if self.shown_state() is not ModelState.FAILED:
             return None
-        return (self.deployment.worker.last_error if self.pinned else self.error) or "the worker failed"
+        return (self.deployment.worker.last_error if self.policy.restarts else self.error) or "the worker failed"
 
     def describe(self) -> dict[str, Any]:
         """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
@@ -158,7 +162,7 @@ class Resident:
             "last_load_s": round(self.last_load_s, 2) if self.last_load_s is not None else None,
             "progress": self.progress_now().text if self.state is ModelState.LOADING else None,
             "error": self.error if shown is ModelState.FAILED else None,
-            "retry_in_s": round(max(0.0, self.retry_at - now), 1) if self.retry_at and self.error else None,
+            "retry_in_s": round(self.backoff.left_s(), 1) if self.backoff.retry_at and self.error else None,
         }
 
 
