@@ -28,12 +28,12 @@ from gateway.auth import KeyStore
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response
-from gateway.lifecycle.handle import Worker, WorkerState
-from gateway.lifecycle.machine import WorkerMachine
 from gateway.lifecycle.policy import policy_for
 from gateway.lifecycle.process import WorkerProcess
 from gateway.lifecycle.remote import RemoteEndpoint
 from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import Worker, WorkerState
 from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware

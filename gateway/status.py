@@ -22,8 +22,8 @@ from gateway.activity import BIN_S, ErrorEvent, SpeedBin
 from gateway.auth import Principal
 from gateway.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, gpu_pool
-from gateway.lifecycle.model import ModelState
 from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.resident import ModelState
 from gateway.metrics import Metrics
 
 IN_MEMORY = (ModelState.READY.value, ModelState.LOADING.value, ModelState.DRAINING.value)

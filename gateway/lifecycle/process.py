@@ -1,4 +1,4 @@
-"""WorkerProcess: a `gateway.lifecycle.handle.WorkerHandle` for an engine process on this host.
+"""WorkerProcess: a `gateway.lifecycle.workers.WorkerHandle` for an engine process on this host.
 
 Launch: a new process in its own process group (start_new_session), on a free port, its output relayed to
 the log and kept as a tail; wait healthy: poll its health path until 200, failing at once on an exit or a
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from backends.base import LaunchSpec
-from gateway.lifecycle.handle import WorkerExit, WorkerStartError
+from gateway.lifecycle.workers import WorkerExit, WorkerStartError
 
 __all__ = ["WorkerProcess", "exit_cause", "pick_free_port"]
 

@@ -19,10 +19,10 @@ from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
-from gateway.lifecycle.handle import WorkerStartError, WorkerState
 from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
-from gateway.lifecycle.model import Hold, ModelState, Progress, Resident
 from gateway.lifecycle.policy import BACKOFF_INITIAL_S
+from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from gateway.metrics import Metrics
 
 __all__ = ["Hold", "ModelState", "Progress", "Residency"]

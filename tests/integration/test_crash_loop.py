@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.lifecycle.handle import WorkerState
-from gateway.lifecycle.machine import WorkerMachine
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import WorkerState
 from tests.integration.test_supervisor import fake, supervised, wait_for
 
 pytestmark = pytest.mark.integration

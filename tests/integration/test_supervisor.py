@@ -17,10 +17,10 @@ import pytest
 
 from backends.base import LaunchSpec
 from gateway.errors import GatewayError
-from gateway.lifecycle.handle import WorkerState
-from gateway.lifecycle.machine import WorkerMachine
 from gateway.lifecycle.policy import PINNED, policy_for
 from gateway.lifecycle.process import WorkerProcess
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import WorkerState
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.lifecycle.handle import WorkerState
+from gateway.lifecycle.workers import WorkerState
 from gateway.metrics import GpuCollector, Metrics
 from tests.unit.test_live_speed import PREDICTION
 

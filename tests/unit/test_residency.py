@@ -22,9 +22,9 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.lifecycle import policy as policy_module
 from gateway.lifecycle import residency as residency_module
-from gateway.lifecycle.handle import WorkerState
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools
 from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.workers import WorkerState
 from gateway.metrics import Metrics
 from tests.fakes.loading_worker import FakeLoadingWorker
 

@@ -1,7 +1,7 @@
 """WorkerMachine: a model's worker states over a `WorkerHandle`, for pinned and on-demand models alike.
 
 The states, the transitions and the crash-loop rule are drawn in docs/lifecycle.md, "The worker"; the race
-semantics of every method are those of `gateway.lifecycle.handle.Worker`. What differs between a pinned and an
+semantics of every method are those of `gateway.lifecycle.workers.Worker`. What differs between a pinned and an
 on-demand model is one value of its `Policy`: `restarts` (after a failure, start again by itself once the
 `Backoff` ends; otherwise stay FAILED until the next `start()`).
 """
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.handle import WorkerHandle, WorkerStartError, WorkerState
 from gateway.lifecycle.policy import CRASH_LIMIT, HEALTHY_RESET_S, Backoff, Policy
+from gateway.lifecycle.workers import WorkerHandle, WorkerStartError, WorkerState
 
 __all__ = ["NATIVE_CRASH_HINT", "WorkerMachine"]
 
@@ -29,7 +29,7 @@ NATIVE_CRASH_HINT = (
 
 
 class WorkerMachine:
-    """One model's worker: a `gateway.lifecycle.handle.Worker` driving `handle`. All methods run on the event
+    """One model's worker: a `gateway.lifecycle.workers.Worker` driving `handle`. All methods run on the event
     loop; none blocks it."""
 
     def __init__(

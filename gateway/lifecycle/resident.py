@@ -14,9 +14,9 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.deployments import Deployment
-from gateway.lifecycle.handle import WorkerState
 from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import Backoff, Policy
+from gateway.lifecycle.workers import WorkerState
 
 
 class ModelState(StrEnum):

@@ -1,7 +1,7 @@
 """The two interfaces of a model's worker: `Worker`, what the request path and the views call, and
 `WorkerHandle`, what the lifecycle drives to run one (docs/lifecycle.md: states, transitions, races).
 
-`Worker` is implemented by `gateway.lifecycle.machine.WorkerMachine` (a model's state machine over a
+`Worker` is implemented by `gateway.lifecycle.supervisor.WorkerMachine` (a model's state machine over a
 `WorkerHandle`: local processes today, a worker on another host next), `gateway.lifecycle.remote.RemoteEndpoint`
 (an OpenAI endpoint on another host, health-checked) and the test double `tests.fakes.asgi_worker.FakeWorker`.
 `WorkerHandle` is implemented by `gateway.lifecycle.process.WorkerProcess` (a local engine process).
@@ -109,7 +109,7 @@ class WorkerExit:
 class WorkerHandle(Protocol):
     """The machinery of one model's worker, wherever it runs: launch it, wait until it is healthy, learn when
     it ends, terminate it. It keeps no lifecycle state of its own (no restarts, no backoff, no crash count):
-    `gateway.lifecycle.machine.WorkerMachine` decides all of that. Transport-neutral: a local process
+    `gateway.lifecycle.supervisor.WorkerMachine` decides all of that. Transport-neutral: a local process
     (`gateway.lifecycle.process.WorkerProcess`) and a worker on another host implement it alike.
 
     One worker runs at a time per handle: `launch()` is called again only after `terminate()`. Every method
