@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.config import ServerSettings
@@ -97,7 +97,7 @@ class Residency:
             with contextlib.suppress(BaseException):
                 await task
         for entry in self._all():
-            self._fail_pending(entry, lambda: GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"))
+            entry.fail_pending(lambda: GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"))
         await asyncio.gather(*(e.deployment.worker.stop(grace_s=STOP_GRACE_S) for e in self._all()))
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class Residency:
         once until its backoff ends. (A model whose worker restarts itself is waited for in `ensure_loaded`.)"""
         entry = self._entry(deployment)
         if not entry.policy.restarts:
-            self._raise_if_failed(entry)
+            entry.raise_if_failed()
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
         """A hold at once when the model is served now; None when it must be loaded or is still starting."""
@@ -116,9 +116,9 @@ class Residency:
                 deployment.worker.base_url()  # the worker's state machine decides whether it serves now
             except GatewayError:
                 return None
-            return self._grant(entry)
+            return entry.grant()
         if entry.state is ModelState.READY:
-            return self._grant(entry)
+            return entry.grant()
         return None
 
     async def ensure_loaded(self, deployment: Deployment, *, wait_s: float | None = None) -> Hold:
@@ -132,7 +132,7 @@ class Residency:
         entry = self._entry(deployment)
         if entry.policy.restarts:
             return await self._await_worker(entry, wait_s)
-        self._raise_if_failed(entry)
+        entry.raise_if_failed()
         waiter: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
         entry.pending.add(waiter)
         self._kick(entry)
@@ -142,7 +142,7 @@ class Residency:
         except TimeoutError:
             entry.pending.discard(waiter)
             if not waiter.done():  # else it was decided in the same instant: that answer stands
-                raise self._still_loading(entry, time.monotonic() - started) from None
+                raise entry.still_loading(time.monotonic() - started) from None
         except asyncio.CancelledError:
             entry.pending.discard(waiter)
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -165,7 +165,7 @@ class Residency:
             ) from None
         finally:
             self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
-        return self._grant(entry)
+        return entry.grant()
 
     def progress(self, deployment: Deployment) -> Progress:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
@@ -211,7 +211,7 @@ class Residency:
         entry = self._entries.get(deployment.name)
         if entry is not None and entry.deployment is deployment:
             why = f"model {deployment.name!r} changed in a config reload; retry"
-            self._fail_pending(entry, lambda: GatewayError(ErrorCode.WORKER_UNAVAILABLE, why, retry_after_s=1))
+            entry.fail_pending(lambda: GatewayError(ErrorCode.WORKER_UNAVAILABLE, why, retry_after_s=1))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.idle.wait(), self._settings.drain_timeout_s)
         async with self._lock:
@@ -268,31 +268,6 @@ class Residency:
     def _all(self) -> list[Resident]:
         return [self._entry(d) for d in self._registry]
 
-    def _grant(self, entry: Resident) -> Hold:
-        entry.holds += 1
-        entry.idle.clear()
-        entry.touch()
-
-        def release() -> None:
-            entry.holds -= 1
-            entry.touch()
-            if entry.holds == 0:
-                entry.idle.set()
-
-        return Hold(release)
-
-    def _grant_pending(self, entry: Resident) -> None:
-        for waiter in entry.pending:
-            if not waiter.done():
-                waiter.set_result(self._grant(entry))
-        entry.pending.clear()
-
-    def _fail_pending(self, entry: Resident, error: Callable[[], GatewayError]) -> None:
-        for waiter in entry.pending:
-            if not waiter.done():
-                waiter.set_exception(error())
-        entry.pending.clear()
-
     # -- loading ----------------------------------------------------------------------------------------
     def _kick(self, entry: Resident) -> None:
         """Start a load for waiters of a model that is not loaded and has no load on the way."""
@@ -314,9 +289,7 @@ class Residency:
             if entry.state is ModelState.LOADING:
                 self._set_state(entry, ModelState.UNLOADED)
             error = exc
-            self._fail_pending(
-                entry, lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s)
-            )
+            entry.fail_pending(lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s))
         except Exception as exc:
             log.exception("loading %s failed", entry.name)
             self._failed(entry, f"model {entry.name!r} could not be loaded: internal error ({type(exc).__name__})")
@@ -345,31 +318,14 @@ class Residency:
         entry.error, entry.backoff.retry_at, entry.ready_at = None, None, time.monotonic()
         log.info("loaded %s in %.1f s: takes %s", entry.name, entry.last_load_s, entry.memory.describe())
         self._set_state(entry, ModelState.READY)
-        self._grant_pending(entry)
+        entry.grant_pending()
 
     def _failed(self, entry: Resident, message: str) -> None:
         backoff = entry.backoff.fail()
         entry.error = message
         log.error("%s; requests get this error for %.0f s, then the next one tries again", message, backoff)
         self._set_state(entry, ModelState.FAILED)
-        self._fail_pending(entry, lambda: self._failure(entry))
-
-    def _failure(self, entry: Resident) -> GatewayError:
-        left = max(1.0, entry.backoff.left_s())
-        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "failed to load", retry_after_s=left)
-
-    def _raise_if_failed(self, entry: Resident) -> None:
-        if entry.state is ModelState.FAILED and entry.backoff.waiting():
-            raise self._failure(entry)
-
-    def _still_loading(self, entry: Resident, waited_s: float) -> GatewayError:
-        expected = entry.last_load_s or 10.0
-        return GatewayError(
-            ErrorCode.WORKER_UNAVAILABLE,
-            f"model {entry.name!r} is still loading after {waited_s:.0f} s ({self.progress(entry.deployment).phase}); "
-            "retry shortly",
-            retry_after_s=max(2.0, expected - (time.monotonic() - entry.phase_started)),
-        )
+        entry.fail_pending(entry.failed_error)
 
     # -- memory -----------------------------------------------------------------------------------------
     def _resident(self) -> list[Resident]:
@@ -420,7 +376,7 @@ class Residency:
                 await asyncio.wait_for(entry.idle.wait(), bound)
             except TimeoutError:
                 self._set_state(entry, ModelState.READY)
-                self._grant_pending(entry)
+                entry.grant_pending()
                 raise GatewayError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"could not unload {entry.name!r}"

@@ -1,7 +1,8 @@
 """One model as the residency manager keeps it (`Resident`): its state, the holds requests keep on it, the
 requests waiting for its load, its memory and load history; and the admin view of it.
 
-Only `gateway.lifecycle.residency` changes a `Resident`; everything here reads or counts.
+Only `gateway.lifecycle.residency` (the scheduler, under its lock or on the event loop) calls what changes a
+`Resident`; the rest reads. Its states are drawn in docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.deployments import Deployment
+from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import Backoff, Policy
 from gateway.lifecycle.workers import WorkerState
@@ -106,6 +108,54 @@ class Resident:
     def touch(self) -> None:
         self.last_used, self.last_used_wall = time.monotonic(), time.time()
 
+    # -- holds and waiters (changed only by `gateway.lifecycle.residency`) --------------------------------
+    def grant(self) -> Hold:
+        """A new hold: the model is not unloaded until it is released."""
+        self.holds += 1
+        self.idle.clear()
+        self.touch()
+
+        def release() -> None:
+            self.holds -= 1
+            self.touch()
+            if self.holds == 0:
+                self.idle.set()
+
+        return Hold(release)
+
+    def grant_pending(self) -> None:
+        """Every waiter gets its hold, in the step the model became READY."""
+        for waiter in self.pending:
+            if not waiter.done():
+                waiter.set_result(self.grant())
+        self.pending.clear()
+
+    def fail_pending(self, error: Callable[[], GatewayError]) -> None:
+        """Every waiter gets `error()`."""
+        for waiter in self.pending:
+            if not waiter.done():
+                waiter.set_exception(error())
+        self.pending.clear()
+
+    # -- the errors a request gets ------------------------------------------------------------------------
+    def failed_error(self) -> GatewayError:
+        """The remembered failed load, with what is left of its backoff as Retry-After."""
+        left = max(1.0, self.backoff.left_s())
+        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, self.error or "failed to load", retry_after_s=left)
+
+    def raise_if_failed(self) -> None:
+        if self.state is ModelState.FAILED and self.backoff.waiting():
+            raise self.failed_error()
+
+    def still_loading(self, waited_s: float) -> GatewayError:
+        expected = self.last_load_s or 10.0
+        return GatewayError(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"model {self.name!r} is still loading after {waited_s:.0f} s ({self.progress_now().phase}); retry shortly",
+            retry_after_s=max(2.0, expected - (time.monotonic() - self.phase_started)),
+        )
+
+    # -- views ----------------------------------------------------------------------------------------------
     def shown_state(self) -> ModelState:
         """For display (/v1/models, /ready, /admin/models); never a precondition. A pinned model shows its
         worker's state; an on-demand one whose worker died a moment ago shows FAILED at once."""
