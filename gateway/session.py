@@ -2,7 +2,7 @@
 from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
-for its load when it is not: `gateway.lifecycle.residency`), `try_admit()` / `admit()` take a slot, `finish()`
+for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `finish()`
 releases both (exactly once, whatever happened) and accounts the request once: metrics, the key's in-flight
 count and one access-log line.
 """
