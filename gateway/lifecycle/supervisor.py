@@ -1,9 +1,9 @@
 """WorkerMachine: a model's worker states over a `WorkerHandle`, for pinned and on-demand models alike.
 
-The states, the transitions and the crash-loop rule are drawn in docs/lifecycle.md, "The worker"; the race
-semantics of every method are those of `gateway.lifecycle.workers.Worker`. What differs between a pinned and an
-on-demand model is one value of its `Policy`: `restarts` (after a failure, start again by itself once the
-`Backoff` ends; otherwise stay FAILED until the next `start()`).
+The states, the transitions and the crash-loop rule are drawn in docs/lifecycle.md ("States", "Backoff and
+crash loops"); the race semantics of every method are those of `gateway.lifecycle.workers.Worker`. What
+differs between a pinned and an on-demand model is one value of its `Policy`: `restarts` (after a failure,
+start again by itself once the `Backoff` ends; otherwise stay FAILED until the next `start()`).
 """
 
 from __future__ import annotations
