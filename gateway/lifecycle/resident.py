@@ -173,11 +173,10 @@ class Resident:
         return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
 
     def idle_for_long(self, now: float) -> bool:
-        """An on-demand model READY with no request for its `idle_unload_s`: the reaper unloads it."""
+        """READY with no request for its policy's `idle_unload_s` (only on-demand models have one): unload it."""
         ttl = self.policy.idle_unload_s
         return (
             ttl is not None
-            and self.policy.evictable
             and self.state is ModelState.READY
             and not self.holds
             and self.last_used is not None
