@@ -144,7 +144,7 @@ class EngineAdapter(Protocol):
     """One engine's differences from the others: how to launch it and how to speak to it.
 
     Adapters are mostly pure so tests can assert on argv/env and on translated bodies; the process
-    lifecycle is shared by every engine (`gateway.supervisor.WorkerProcess`).
+    lifecycle is shared by every engine (`gateway.lifecycle`, docs/lifecycle.md).
     """
 
     engine: ClassVar[EngineName]

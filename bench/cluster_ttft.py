@@ -23,7 +23,7 @@ from backends.llamacpp.adapter import LlamaCppAdapter
 from gateway.cluster.access import auth_headers, new_worker_token
 from gateway.cluster.ray_agent import NAMESPACE, host_resource, spawn_agent
 from gateway.config import package_resource
-from gateway.supervisor import WorkerProcess
+from gateway.lifecycle.supervisor import WorkerProcess
 
 NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20, "include_dashboard": False}
 ROUNDS = 12

@@ -28,20 +28,22 @@ from gateway.auth import KeyStore
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response
+from gateway.lifecycle.policy import policy_for
+from gateway.lifecycle.process import WorkerProcess
+from gateway.lifecycle.remote import RemoteEndpoint
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import Worker, WorkerState
 from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
 from gateway.reload import Desired, Planner, Reloader
-from gateway.remote import RemoteEndpoint
-from gateway.residency import Residency
 from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
-from gateway.supervisor import WorkerProcess
 from gateway.translate.messages import anthropic_error_body
-from gateway.workers import Worker, WorkerState
 
 log = logging.getLogger("voltgate")
 
@@ -200,9 +202,9 @@ def _deployment(
     if plan.remote_url is not None:
         worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
     else:
-        worker = WorkerProcess(
-            plan.model, lambda port: adapter.launch_spec(plan, port), client=client, on_state=on_state,
-            restart=spec.load == "always",  # an on-demand model's lifecycle is gateway.residency's
+        process = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client)
+        worker = WorkerMachine(
+            process, policy_for(spec.load, spec.idle_unload_s), on_state=on_state,
             on_crash=lambda name, cause: metrics.worker_crashes.labels(name, cause).inc(),
         )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)

@@ -10,7 +10,8 @@ from typing import Literal
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import Worker
+from gateway.lifecycle.policy import Policy, policy_for
+from gateway.lifecycle.workers import Worker
 
 
 @dataclass
@@ -26,6 +27,11 @@ class Deployment:
     sampling: dict[str, float | int] = field(default_factory=dict)  # the model's defaults (config `sampling`)
     load: Literal["always", "on_demand"] = "always"
     idle_unload_s: float | None = None
+
+    @property
+    def policy(self) -> Policy:
+        """How this model lives (pinned or on demand): `gateway.lifecycle.policy`."""
+        return policy_for(self.load, self.idle_unload_s)
 
     @property
     def capabilities(self) -> EngineCapabilities:

@@ -30,8 +30,8 @@ from backends.base import DeploymentPlan
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
-from gateway.memory import ModelMemory, estimates_from_placement
-from gateway.residency import Residency
+from gateway.lifecycle.memory import ModelMemory, estimates_from_placement
+from gateway.lifecycle.residency import Residency
 
 log = logging.getLogger("voltgate.reload")
 
@@ -149,7 +149,7 @@ class Reloader:
                 self._residency.adopt(deployment, memory.get(deployment.name))
         for name in result.unchanged:  # a pinned worker that gave up after a crash loop tries again
             kept = self._registry.deployments[name]
-            if kept.load == "always":
+            if kept.policy.at_boot:
                 kept.worker.start(retry=True)  # a no-op for one that is serving or restarting
 
     def watch(self, path: Path) -> asyncio.Task[None]:

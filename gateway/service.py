@@ -25,10 +25,10 @@ from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.engine_requests import EngineTarget
 from gateway.errors import GatewayError
-from gateway.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.residency import Residency
 from gateway.metrics import Metrics
 from gateway.protocol.served import ServedRequest
-from gateway.residency import Residency
 from gateway.session import RequestContext, RequestScope, StreamSession, account
 from gateway.unary import Translate, UnaryCall, UnaryResult
 from gateway.upstream import Upstream

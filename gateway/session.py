@@ -2,7 +2,7 @@
 from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
-for its load when it is not: `gateway.residency`), `try_admit()` / `admit()` take a slot, `schedule()` is the
+for its load when it is not: `gateway.lifecycle.residency`), `try_admit()` / `admit()` take a slot, `schedule()` is the
 one order of the two and the call (load, then admit, then call; `gateway.unary.UnaryCall` and `StreamSession`
 both go through it), `finish()` releases both (exactly once, whatever happened) and accounts the request
 once: metrics, the key's in-flight count and one access-log line.
@@ -27,11 +27,11 @@ from backends.request import AnyEngineRequest
 from gateway.auth import Principal
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError, sse_error_frame
+from gateway.lifecycle.residency import Hold, Residency
 from gateway.live_speed import Flight
 from gateway.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
-from gateway.residency import Hold, Residency
 from gateway.upstream import Upstream
 
 access_log = logging.getLogger("voltgate.access")

@@ -21,10 +21,10 @@ from gateway import __version__
 from gateway.activity import BIN_S, ErrorEvent, SpeedBin
 from gateway.auth import Principal
 from gateway.deployments import Deployment, Registry
-from gateway.memory import HOST, gpu_pool
+from gateway.lifecycle.memory import HOST, gpu_pool
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.resident import ModelState
 from gateway.metrics import Metrics
-from gateway.residency import Residency
-from gateway.resident import ModelState
 
 IN_MEMORY = (ModelState.READY.value, ModelState.LOADING.value, ModelState.DRAINING.value)
 

@@ -8,8 +8,9 @@ Semantics, per method:
 * `describe()` answers the host's inventory (NVML, or the simulated layout it was started with), which of the
   given model files exist there, and every worker it runs with the memory that worker really uses.
 * `start_worker()` starts (or keeps) the worker of `plan` with the supervision rules of a local one
-  (`gateway.supervisor.WorkerProcess`: backoff, crash limit) and waits up to `wait_s` for READY; it returns the
-  worker's report either way. Starting a model already running with the same plan changes nothing.
+  (`gateway.lifecycle.supervisor.WorkerMachine` over a `WorkerProcess`: backoff, crash limit) and waits up
+  to `wait_s` for READY; it returns the worker's report either way. Starting a model already running with
+  the same plan changes nothing.
 * `worker()` is the health check: the worker's state as its supervisor on the host sees it (a worker that
   died is FAILED there, or STARTING again when restarts are on).
 * `stop_worker()` stops it (SIGTERM to its group, grace, SIGKILL) and forgets it; unknown names are no error.
@@ -24,8 +25,8 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import DeploymentPlan
+from gateway.lifecycle.workers import WorkerState
 from gateway.placement.inventory import Inventory
-from gateway.workers import WorkerState
 
 
 class HostLost(Exception):

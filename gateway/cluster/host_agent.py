@@ -2,7 +2,8 @@
 
 `LocalHostAgent` implements `gateway.cluster.agent.HostAgent` in-process; the Ray actor
 (`gateway.cluster.ray_agent`) holds one and forwards each call to it. Workers are the gateway's own
-`WorkerProcess` (the same launch, health check, backoff and crash limit as on the gateway's host), started
+`WorkerMachine` over a `WorkerProcess` handle (the same launch, health check, backoff and crash limit as a pinned
+worker on the gateway's host), started
 from the engine adapter's launch spec rewritten by `remote_launch_spec` to bind `bind_host` and require the
 launch token; their health checks send that token.
 """
@@ -23,10 +24,12 @@ from backends.llamacpp.adapter import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from gateway.cluster.access import auth_headers, remote_launch_spec
 from gateway.cluster.agent import HostReport, UnknownWorker, WorkerReport
-from gateway.memory import SystemProbe
+from gateway.lifecycle.memory import SystemProbe
+from gateway.lifecycle.policy import PINNED
+from gateway.lifecycle.process import WorkerProcess
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from gateway.placement.inventory import Inventory, inventory_from_spec
-from gateway.supervisor import WorkerProcess
-from gateway.workers import WorkerStartError, WorkerState
 
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
 
@@ -34,7 +37,7 @@ _ANY_ADDRESS = ("0.0.0.0", "::", "")
 @dataclass
 class _Running:
     plan: DeploymentPlan
-    process: WorkerProcess
+    process: WorkerMachine
     client: httpx.AsyncClient
 
 
@@ -125,23 +128,24 @@ class LocalHostAgent:
     def _launch(self, plan: DeploymentPlan, token: str) -> _Running:
         adapter = self._adapters[plan.engine]
         client = httpx.AsyncClient(headers=auth_headers(token), timeout=httpx.Timeout(10.0))
-        process = WorkerProcess(
+        handle = WorkerProcess(
             plan.model,
             lambda port: remote_launch_spec(adapter.launch_spec(plan, port), self._bind_host, token),
             client=client,
             host=self._advertise,
         )
-        return _Running(plan, process, client)
+        return _Running(plan, WorkerMachine(handle, PINNED), client)  # restarts like a pinned local worker
 
     def _report(self, name: str) -> WorkerReport:
         running = self._workers[name]
         process = running.process
-        ready = process.state is WorkerState.READY and process.port is not None
+        port = running.process.handle.port if isinstance(running.process.handle, WorkerProcess) else None
+        ready = process.state is WorkerState.READY and port is not None
         pid = process.pid if process.state in (WorkerState.STARTING, WorkerState.READY) else None
         return WorkerReport(
             name=name,
             state=process.state,
-            url=f"http://{self._advertise}:{process.port}" if ready else None,
+            url=f"http://{self._advertise}:{port}" if ready else None,
             pid=pid,
             restarts=process.restarts,
             last_error=process.last_error,

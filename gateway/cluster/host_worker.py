@@ -1,4 +1,4 @@
-"""HostWorker: a `gateway.workers.Worker` whose process runs on another host, started by that host's agent.
+"""HostWorker: a `gateway.lifecycle.workers.Worker` whose process runs on another host, started by that host's agent.
 
 The gateway-side handle of a worker on a cluster host. `start()` asks the agent to start the worker with a
 fresh launch secret, then mirrors the state the host's supervisor reports (polled every `interval_s`): the
@@ -19,7 +19,7 @@ from backends.base import DeploymentPlan
 from gateway.cluster.access import auth_headers, new_worker_token
 from gateway.cluster.agent import HostAgent, HostLost, WorkerReport
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.cluster")
 
@@ -27,7 +27,8 @@ POLL_INTERVAL_S = 2.0
 
 
 class HostWorker:
-    """One model's worker on `agent`'s host (see the module docstring; race semantics as `gateway.workers`)."""
+    """One model's worker on `agent`'s host (see the module docstring; race semantics as
+    `gateway.lifecycle.workers`)."""
 
     def __init__(
         self, plan: DeploymentPlan, agent: HostAgent, *, interval_s: float = POLL_INTERVAL_S, startup_s: float = 600.0

@@ -3,7 +3,7 @@ into it (each was placed alone on it), which can share it two at a time, and whi
 
 Pools are `host` (the host memory budget: `server.memory_budget_bytes`, default 80 % of MemAvailable) and
 `gpu<i>` (what placement had free on GPU i, less the margin). The numbers here are placement's estimates;
-at run time `gateway.residency` decides with measured memory where it has a measurement.
+at run time `gateway.lifecycle.residency` decides with measured memory where it has a measurement.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.deployments import Deployment
+from gateway.lifecycle.workers import WorkerState
 from gateway.live_speed import placement_with_measured
 from gateway.routes.context import AppContext, app_context
-from gateway.supervisor import WorkerState
 
 router = APIRouter()
 

@@ -80,8 +80,12 @@ def write_config(
     """A config serving SmolLM2 on the CPU; `models`/`auth` replace those sections, `server` adds settings."""
     config: dict[str, object] = {
         "server": {
-            "host": "127.0.0.1", "port": port, "max_body_bytes": 65536, "queue_timeout_s": 60,
-            "data_dir": str(tmp / "data"), **server,
+            "host": "127.0.0.1",
+            "port": port,
+            "max_body_bytes": 65536,
+            "queue_timeout_s": 60,
+            "data_dir": str(tmp / "data"),
+            **server,
         },
         "gpus": "none",
         "models": models if models is not None else [model_entry(model_path)],

@@ -1,4 +1,4 @@
-"""FakeWorker: an in-process `gateway.workers.Worker` whose engine is a small ASGI app.
+"""FakeWorker: an in-process `gateway.lifecycle.workers.Worker` whose engine is a small ASGI app.
 
 Stands for a real worker (`backends.llamacpp.worker`, LMDeploy's api_server) in unit tests of the service
 layer, reached through `httpx.ASGITransport` instead of a socket. It records every body it receives (so a
@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 
 BASE_URL = "http://fake-worker"
 

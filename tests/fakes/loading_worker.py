@@ -1,7 +1,7 @@
-"""FakeLoadingWorker: an in-process `gateway.workers.Worker` whose start takes time and may fail.
+"""FakeLoadingWorker: an in-process `gateway.lifecycle.workers.Worker` whose start takes time and may fail.
 
-Stands for a `gateway.supervisor.WorkerProcess` built with `restart=False` (how on-demand models run) in
-unit tests of `gateway.residency`: `start()` begins a load of `load_s` seconds that ends READY, or FAILED
+Stands for a `gateway.lifecycle.supervisor.WorkerMachine` with the on-demand policy (it does not restart itself) in
+unit tests of `gateway.lifecycle.residency`: `start()` begins a load of `load_s` seconds that ends READY, or FAILED
 with `fail` as its last error; it counts starts and stops so a test can check that concurrent requests
 caused one load and that a model with requests in flight was never stopped. Requests reach it through
 `tests.fakes.asgi_worker.BASE_URL` (an ASGI fake engine), like `FakeWorker`.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from tests.fakes.asgi_worker import BASE_URL
 
 

@@ -14,13 +14,14 @@ import httpx
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.supervisor import WorkerProcess, WorkerState
-from tests.integration.test_supervisor import fake, wait_for
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import WorkerState
+from tests.integration.test_supervisor import fake, supervised, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-async def _crash_once(client: httpx.AsyncClient, worker: WorkerProcess) -> None:
+async def _crash_once(client: httpx.AsyncClient, worker: WorkerMachine) -> None:
     await wait_for(lambda: worker.state is WorkerState.READY, 30)
     with pytest.raises(httpx.HTTPError):
         await client.post(worker.base_url() + "/v1/chat/completions", json={"messages": []}, timeout=10)
@@ -30,7 +31,7 @@ async def _crash_once(client: httpx.AsyncClient, worker: WorkerProcess) -> None:
 async def test_three_segfaults_in_a_row_mark_the_worker_failed_with_the_signal() -> None:
     crashes: list[tuple[str, str]] = []
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess(
+        worker = supervised(
             "m", fake("--segv-on-request"), client=client, crash_limit=3, on_crash=lambda *a: crashes.append(a)
         )
         worker.start()
@@ -60,7 +61,7 @@ async def test_three_segfaults_in_a_row_mark_the_worker_failed_with_the_signal()
 
 async def test_a_request_served_between_crashes_ends_the_streak() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--crash-after", "2"), client=client, crash_limit=2)
+        worker = supervised("m", fake("--crash-after", "2"), client=client, crash_limit=2)
         worker.start()
         try:
             for _ in range(3):  # each life serves one request, then dies on the second

@@ -1,4 +1,5 @@
-"""WorkerProcess against a real fake worker process: start, readiness, failures, restarts, teardown."""
+"""WorkerMachine over a WorkerProcess against a real fake worker process: start, readiness, failures, restarts,
+teardown."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from backends.base import LaunchSpec
 from gateway.errors import GatewayError
-from gateway.supervisor import WorkerProcess, WorkerState
+from gateway.lifecycle.policy import PINNED, policy_for
+from gateway.lifecycle.process import WorkerProcess
+from gateway.lifecycle.supervisor import WorkerMachine
+from gateway.lifecycle.workers import WorkerState
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -30,6 +36,20 @@ def fake(*flags: str, timeout_s: float = 20.0, fatal: tuple[str, ...] = ()):
         )
 
     return spec
+
+
+def supervised(
+    name: str,
+    spec_for_port: Callable[[int], LaunchSpec],
+    *,
+    client: httpx.AsyncClient,
+    restarts: bool = True,
+    **options: Any,
+) -> WorkerMachine:
+    """The worker of a pinned model (it restarts by itself) or, with `restarts=False`, of an on-demand one, over
+    a real local process: what `gateway.app` builds for a model."""
+    policy = PINNED if restarts else policy_for("on_demand")
+    return WorkerMachine(WorkerProcess(name, spec_for_port, client=client), policy, **options)
 
 
 async def wait_for(predicate, timeout_s: float = 20.0) -> None:
@@ -51,7 +71,7 @@ def alive(pid: int) -> bool:
 
 async def test_worker_becomes_ready_and_serves() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake(), client=client)
+        worker = supervised("m", fake(), client=client)
         worker.start()
         try:
             assert await worker.wait_ready(20)
@@ -64,7 +84,7 @@ async def test_worker_becomes_ready_and_serves() -> None:
 
 async def test_requests_while_loading_get_503_with_retry_after() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--fail-ready"), client=client)
+        worker = supervised("m", fake("--fail-ready"), client=client)
         worker.start()
         try:
             await wait_for(lambda: worker.state is WorkerState.STARTING)
@@ -79,7 +99,7 @@ async def test_requests_while_loading_get_503_with_retry_after() -> None:
 
 async def test_never_ready_is_a_failed_start_with_a_clear_message() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--fail-ready", timeout_s=1.5), client=client)
+        worker = supervised("m", fake("--fail-ready", timeout_s=1.5), client=client)
         worker.start()
         try:
             await wait_for(lambda: worker.state is WorkerState.FAILED)
@@ -91,7 +111,7 @@ async def test_never_ready_is_a_failed_start_with_a_clear_message() -> None:
 
 async def test_exit_during_start_reports_the_workers_last_log_lines() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--exit-at-start", "7"), client=client)
+        worker = supervised("m", fake("--exit-at-start", "7"), client=client)
         worker.start()
         try:
             await wait_for(lambda: worker.state is WorkerState.FAILED)
@@ -113,11 +133,11 @@ async def test_a_failed_start_quotes_only_its_own_processs_log_lines() -> None:
         return fake("--exit-at-start", "7")(port)
 
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", spec, client=client)
+        worker = supervised("m", spec, client=client)
         worker.start()
         try:
             assert await worker.wait_ready(20)
-            await wait_for(lambda: "a line of the first process" in worker.log_tail)
+            await wait_for(lambda: "a line of the first process" in worker.handle.log_lines())
             with pytest.raises(httpx.HTTPError):
                 await client.post(worker.base_url() + "/v1/chat/completions", json={"model": "m"})
             await wait_for(lambda: "exited with code 7" in (worker.last_error or ""))
@@ -129,7 +149,7 @@ async def test_a_failed_start_quotes_only_its_own_processs_log_lines() -> None:
 
 async def test_repeating_out_of_memory_line_fails_the_start_at_once() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess(
+        worker = supervised(
             "m",
             fake("--fail-ready", "--log-line", "[TM] out of memory at 0/1", fatal=(r"out of memory at \d+/\d+",)),
             client=client,
@@ -144,7 +164,7 @@ async def test_repeating_out_of_memory_line_fails_the_start_at_once() -> None:
 
 async def test_crashed_worker_is_restarted_and_serves_again() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--crash-after", "1"), client=client)
+        worker = supervised("m", fake("--crash-after", "1"), client=client)
         worker.start()
         try:
             assert await worker.wait_ready(20)
@@ -162,7 +182,7 @@ async def test_crashed_worker_is_restarted_and_serves_again() -> None:
 async def test_stop_kills_a_worker_that_ignores_sigterm_and_its_children(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "child.pid"
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--ignore-sigterm", "--spawn-child", str(child_pid_file)), client=client)
+        worker = supervised("m", fake("--ignore-sigterm", "--spawn-child", str(child_pid_file)), client=client)
         worker.start()
         assert await worker.wait_ready(20)
         pid = worker.pid
@@ -195,7 +215,7 @@ class StateLog:
         return delays
 
 
-async def kill_when_ready(worker: WorkerProcess, client: httpx.AsyncClient, *, serve_for_s: float = 0.0) -> None:
+async def kill_when_ready(worker: WorkerMachine, client: httpx.AsyncClient, *, serve_for_s: float = 0.0) -> None:
     """Wait for READY, serve requests for `serve_for_s`, then SIGKILL the worker's process group."""
     assert await worker.wait_ready(30)
     deadline = time.monotonic() + serve_for_s
@@ -214,7 +234,7 @@ async def kill_when_ready(worker: WorkerProcess, client: httpx.AsyncClient, *, s
 async def test_backoff_starts_over_once_the_worker_was_healthy_for_a_while() -> None:
     log = StateLog()
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake(), client=client, on_state=log, healthy_reset_s=1.5)
+        worker = supervised("m", fake(), client=client, on_state=log, healthy_reset_s=1.5)
         worker.start()
         try:
             await kill_when_ready(worker, client)  # crash loop: 1 s, then 2 s
@@ -246,7 +266,7 @@ async def test_healthy_time_counts_from_ready_not_from_launch() -> None:
     """A model that loads for longer than healthy_reset_s and dies as soon as it is up is a crash loop."""
     log = StateLog()
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", slow_fake(2.0), client=client, on_state=log, healthy_reset_s=1.5)
+        worker = supervised("m", slow_fake(2.0), client=client, on_state=log, healthy_reset_s=1.5)
         worker.start()
         try:
             await kill_when_ready(worker, client)

@@ -1,4 +1,4 @@
-"""The residency manager over real worker processes (`tests/fakes/fake_worker.py` under `WorkerProcess`):
+"""The residency manager over real worker processes (`tests/fakes/fake_worker.py` under `WorkerMachine`):
 memory measured from the process group's VmRSS, evictions that really end the process group, a failed
 start reported with the worker's last log lines and not retried in a loop."""
 
@@ -18,11 +18,11 @@ from gateway.admission import Admission
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
-from gateway.memory import HOST, ModelMemory, Pools, SystemProbe
+from gateway.lifecycle.memory import HOST, ModelMemory, Pools, SystemProbe
+from gateway.lifecycle.residency import ModelState, Residency
 from gateway.metrics import Metrics
-from gateway.residency import ModelState, Residency
-from gateway.supervisor import WorkerProcess
 from tests.conftest import REPO
+from tests.integration.test_supervisor import supervised
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -49,7 +49,7 @@ class Gateway:
         pools = Pools({HOST: budget}, SystemProbe(gpus=False))
         self.residency = Residency(self.registry, ServerSettings(startup_timeout_s=30), self.metrics, pools, memory)
         for name, flags in workers.items():
-            worker = WorkerProcess(name, fake(*flags), client=client, restart=False,
+            worker = supervised(name, fake(*flags), client=client, restarts=False,
                                    on_state=self.residency.on_worker_state)  # fmt: skip
             plan = DeploymentPlan(model=name, engine=EngineName.LLAMACPP, source_path=Path("/m.gguf"),
                                   model_format="gguf", context_tokens=512)  # fmt: skip
@@ -113,7 +113,7 @@ async def test_a_failed_start_is_reported_with_its_log_and_not_retried_in_a_loop
 
 async def test_concurrent_ensure_ready_calls_join_one_start_and_a_stopped_worker_starts_again() -> None:
     async with httpx.AsyncClient() as client:
-        worker = WorkerProcess("m", fake("--ready-after", "0.5"), client=client, restart=False)
+        worker = supervised("m", fake("--ready-after", "0.5"), client=client, restarts=False)
         try:
             await asyncio.gather(*(worker.ensure_ready(20) for _ in range(5)))
             first = worker.pid

@@ -100,9 +100,7 @@ def test_an_unfinished_call_comes_back_as_the_raw_text_at_finish() -> None:
         (MISTRAL_V11, '[TOOL_CALLS]get_weather[ARGS]{"city": "Os', "get_weather", '{"city": "Os'),
     ],
 )  # fmt: skip
-def test_a_forced_call_cut_by_max_tokens_is_still_a_call(
-    fmt: ToolFormat, text: str, name: str, arguments: str
-) -> None:
+def test_a_forced_call_cut_by_max_tokens_is_still_a_call(fmt: ToolFormat, text: str, name: str, arguments: str) -> None:
     """Output held to a call grammar is a call however short it was cut: its arguments so far, never text."""
     for chunks in ([text], list(text)):
         stream = ToolCallStream(fmt, NAMES, forced=True)

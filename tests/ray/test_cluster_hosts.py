@@ -27,7 +27,7 @@ from gateway.cluster.live import hosts_from_agents
 from gateway.cluster.ray_agent import cluster_hosts, spawn_agent
 from gateway.config import Config
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerState
+from gateway.lifecycle.workers import WorkerState
 from tests.ray.conftest import NODE_IP, LocalCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

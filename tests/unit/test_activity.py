@@ -52,6 +52,9 @@ def test_accounting_records_refusals_with_their_code_and_key() -> None:
     account(metrics, ctx, "m", CLIENT_GONE, None)
     gone, missing = metrics.activity.errors()
     assert (missing.status, missing.code, missing.message, missing.key_id) == (
-        404, "model_not_found", "no such model <b>", "team"
+        404,
+        "model_not_found",
+        "no such model <b>",
+        "team",
     )
     assert (gone.status, gone.code, gone.message) == (CLIENT_GONE, "client_closed", None)

@@ -83,9 +83,9 @@ def test_architecture_check_reports_a_missing_and_a_stale_module(tmp_path: Path)
     (tmp_path / "gateway" / "lifecycle.py").write_text("")
     (tmp_path / "backends" / "llamacpp").mkdir()
     (tmp_path / "backends" / "llamacpp" / "__init__.py").write_text("")
-    doc = "gateway/service.py calls backends/llamacpp/ and gateway/supervisor.py; see worker.py"
+    doc = "gateway/service.py calls backends/llamacpp/ and gateway/lifecycle/supervisor.py; see worker.py"
     assert architecture_problems(doc, tmp_path) == [
-        "names gateway/supervisor.py, which does not exist: fix or drop it",
+        "names gateway/lifecycle/supervisor.py, which does not exist: fix or drop it",
         "names worker.py, which is no module in the tree: fix or drop it",
         "does not name gateway/lifecycle.py: add it to the Shape tree with what it holds",
     ]

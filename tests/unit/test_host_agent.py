@@ -10,7 +10,7 @@ import pytest
 from backends.base import DeploymentPlan, EngineName, LMDeployOptions
 from gateway.cluster.agent import UnknownWorker
 from gateway.cluster.host_agent import LocalHostAgent
-from gateway.workers import WorkerState
+from gateway.lifecycle.workers import WorkerState
 
 
 async def test_it_reports_its_inventory_and_which_files_it_holds(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from backends.base import DeploymentPlan, EngineName
 from gateway.cluster import HostLost, HostReport, WorkerReport
 from gateway.cluster.host_worker import HostWorker
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from gateway.placement import Inventory
-from gateway.workers import WorkerStartError, WorkerState
 
 PLAN = DeploymentPlan(model="m", engine=EngineName.LLAMACPP, source_path=Path("/m.gguf"), model_format="gguf",
                       context_tokens=512)  # fmt: skip

@@ -240,9 +240,7 @@ FIELDS = ["max_tokens", "max_completion_tokens", "max_output_tokens", "seed", "t
 
 
 @pytest.mark.parametrize("path", ROUTES)
-async def test_wrong_and_huge_values_in_every_known_field_never_give_a_500(
-    http: httpx.AsyncClient, path: str
-) -> None:
+async def test_wrong_and_huge_values_in_every_known_field_never_give_a_500(http: httpx.AsyncClient, path: str) -> None:
     for name in FIELDS:
         for value in HUGE_VALUES:
             body = {**VALID[path], name: value}

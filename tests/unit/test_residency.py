@@ -16,15 +16,16 @@ import pytest
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
-from gateway import residency as residency_module
 from gateway.admission import Admission
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
-from gateway.memory import HOST, ModelMemory, Pools
+from gateway.lifecycle import policy as policy_module
+from gateway.lifecycle import residency as residency_module
+from gateway.lifecycle.memory import HOST, ModelMemory, Pools
+from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.workers import WorkerState
 from gateway.metrics import Metrics
-from gateway.residency import ModelState, Residency
-from gateway.workers import WorkerState
 from tests.fakes.loading_worker import FakeLoadingWorker
 
 MB = 1 << 20  # MiB: 100 MB reads 0.10 GiB
@@ -32,7 +33,7 @@ MB = 1 << 20  # MiB: 100 MB reads 0.10 GiB
 
 @dataclass
 class FakeProbe:
-    """Stands for `gateway.memory.SystemProbe`: RSS per process group, MemAvailable as set by the test."""
+    """Stands for `gateway.lifecycle.memory.SystemProbe`: RSS per process group, MemAvailable as set by the test."""
 
     rss: dict[int, int] = field(default_factory=dict)
     available: int | None = None
@@ -232,7 +233,7 @@ async def test_a_pinned_model_is_never_evicted_and_a_model_that_cannot_fit_is_re
 async def test_a_failed_load_reaches_every_waiter_and_is_remembered_with_backoff(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(residency_module, "BACKOFF_INITIAL_S", 0.3)
+    monkeypatch.setattr(policy_module, "BACKOFF_INITIAL_S", 0.3)
     h = Harness({"bad": (ON_DEMAND, 100 * MB)}, 1000 * MB, load_s=0.05)
     h.workers["bad"].fail = "exited with code 1 during start; last log lines: invalid GGUF"
     results = await asyncio.gather(*(h.hold("bad") for _ in range(4)), return_exceptions=True)

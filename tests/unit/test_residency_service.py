@@ -19,10 +19,10 @@ from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
-from gateway.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.memory import HOST, NoProbe, Pools
+from gateway.lifecycle.residency import ModelState, Residency
 from gateway.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.residency import ModelState, Residency
 from gateway.service import RequestContext, Service, StreamSession, UnaryResult
 from tests.fakes.asgi_worker import FakeEngine
 from tests.fakes.loading_worker import FakeLoadingWorker

@@ -1,7 +1,8 @@
 """One model as the residency manager keeps it (`Resident`): its state, the holds requests keep on it, the
 requests waiting for its load, its memory and load history; and the admin view of it.
 
-Only `gateway.residency` changes a `Resident`; everything here reads or counts.
+Only `gateway.lifecycle.residency` (the scheduler, under its lock or on the event loop) calls what changes a
+`Resident`; the rest reads. Its states are drawn in docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.deployments import Deployment
-from gateway.memory import ModelMemory
-from gateway.workers import WorkerState
+from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.memory import ModelMemory
+from gateway.lifecycle.policy import Backoff, Policy
+from gateway.lifecycle.workers import WorkerState
 
 
 class ModelState(StrEnum):
@@ -84,8 +87,7 @@ class Resident:
     last_load_s: float | None = None
     ready_at: float | None = None
     error: str | None = None
-    retry_at: float | None = None
-    failures: int = 0
+    backoff: Backoff = field(default_factory=Backoff)  # a failed load remembered, when the worker does not restart
     retry_crashed: bool = False  # an admin load: also retry a worker that gave up after a crash loop
 
     def __post_init__(self) -> None:
@@ -96,34 +98,85 @@ class Resident:
         return self.deployment.name
 
     @property
-    def pinned(self) -> bool:
-        return self.deployment.load == "always"
+    def policy(self) -> Policy:
+        return self.deployment.policy
+
+    @property
+    def evictable(self) -> bool:
+        return self.policy.evictable
 
     def touch(self) -> None:
         self.last_used, self.last_used_wall = time.monotonic(), time.time()
 
+    # -- holds and waiters (changed only by `gateway.lifecycle.residency`) --------------------------------
+    def grant(self) -> Hold:
+        """A new hold: the model is not unloaded until it is released."""
+        self.holds += 1
+        self.idle.clear()
+        self.touch()
+
+        def release() -> None:
+            self.holds -= 1
+            self.touch()
+            if self.holds == 0:
+                self.idle.set()
+
+        return Hold(release)
+
+    def grant_pending(self) -> None:
+        """Every waiter gets its hold, in the step the model became READY."""
+        for waiter in self.pending:
+            if not waiter.done():
+                waiter.set_result(self.grant())
+        self.pending.clear()
+
+    def fail_pending(self, error: Callable[[], GatewayError]) -> None:
+        """Every waiter gets `error()`."""
+        for waiter in self.pending:
+            if not waiter.done():
+                waiter.set_exception(error())
+        self.pending.clear()
+
+    # -- the errors a request gets ------------------------------------------------------------------------
+    def failed_error(self) -> GatewayError:
+        """The remembered failed load, with what is left of its backoff as Retry-After."""
+        left = max(1.0, self.backoff.left_s())
+        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, self.error or "failed to load", retry_after_s=left)
+
+    def raise_if_failed(self) -> None:
+        if self.state is ModelState.FAILED and self.backoff.waiting():
+            raise self.failed_error()
+
+    def still_loading(self, waited_s: float) -> GatewayError:
+        expected = self.last_load_s or 10.0
+        return GatewayError(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"model {self.name!r} is still loading after {waited_s:.0f} s ({self.progress_now().phase}); retry shortly",
+            retry_after_s=max(2.0, expected - (time.monotonic() - self.phase_started)),
+        )
+
+    # -- views ----------------------------------------------------------------------------------------------
     def shown_state(self) -> ModelState:
         """For display (/v1/models, /ready, /admin/models); never a precondition. A pinned model shows its
         worker's state; an on-demand one whose worker died a moment ago shows FAILED at once."""
         worker = self.deployment.worker.state
-        if self.pinned:
+        if self.policy.restarts:  # its worker loads and restarts it: the worker's state is the model's
             return _WORKER_STATES[worker]
         if self.state is ModelState.READY and worker is not WorkerState.READY:
             return ModelState.FAILED
         return self.state
 
     def progress_now(self) -> Progress:
-        if self.pinned:  # a pinned model loads in its worker's supervisor: say which start it waits for
+        if self.policy.restarts:  # it loads in its worker's own loop: say which start it waits for
             phase = "its worker is starting" if self.deployment.worker.restarts == 0 else "its worker is restarting"
             return Progress(self.name, phase, time.monotonic() - self.phase_started)
         return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
 
     def idle_for_long(self, now: float) -> bool:
-        """An on-demand model READY with no request for its `idle_unload_s`: the reaper unloads it."""
-        ttl = self.deployment.idle_unload_s
+        """READY with no request for its policy's `idle_unload_s` (only on-demand models have one): unload it."""
+        ttl = self.policy.idle_unload_s
         return (
             ttl is not None
-            and not self.pinned
             and self.state is ModelState.READY
             and not self.holds
             and self.last_used is not None
@@ -134,7 +187,7 @@ class Resident:
         """Why a FAILED model is failed (for display); None in every other state."""
         if self.shown_state() is not ModelState.FAILED:
             return None
-        return (self.deployment.worker.last_error if self.pinned else self.error) or "the worker failed"
+        return (self.deployment.worker.last_error if self.policy.restarts else self.error) or "the worker failed"
 
     def describe(self) -> dict[str, Any]:
         """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
@@ -158,7 +211,7 @@ class Resident:
             "last_load_s": round(self.last_load_s, 2) if self.last_load_s is not None else None,
             "progress": self.progress_now().text if self.state is ModelState.LOADING else None,
             "error": self.error if shown is ModelState.FAILED else None,
-            "retry_in_s": round(max(0.0, self.retry_at - now), 1) if self.retry_at and self.error else None,
+            "retry_in_s": round(self.backoff.left_s(), 1) if self.backoff.retry_at and self.error else None,
         }
 
 

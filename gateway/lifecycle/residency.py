@@ -1,8 +1,9 @@
-"""Which models are in memory: pinned ones from boot, on-demand ones loaded by their first request,
-unloaded when idle, and evicted least recently used first when another needs the room.
+"""The lifecycle owner: which models are in memory and every step of each one's life. Pinned models load at
+boot, on-demand ones at their first request; idle ones unload, and least recently used ones are evicted when
+another needs the room. Each model's `Policy` says which of these apply to it.
 
-One on-demand model's life (`ModelState`), how pinned models differ, and the contracts below are drawn
-and written in docs/architecture.md, "Residency".
+The states (`ModelState`, and the worker's below it), the transitions and the contracts are drawn and
+written once, in docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -11,26 +12,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
-from gateway.eviction import choose_victims, eviction_reason, no_room, shortfall
-from gateway.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
+from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
+from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
+from gateway.lifecycle.policy import BACKOFF_INITIAL_S
+from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from gateway.metrics import Metrics
-from gateway.resident import Hold, ModelState, Progress, Resident
-from gateway.workers import WorkerStartError, WorkerState
 
 __all__ = ["Hold", "ModelState", "Progress", "Residency"]
 
 log = logging.getLogger("voltgate.residency")
 
-BACKOFF_INITIAL_S = 5.0
-BACKOFF_MAX_S = 300.0
-HEALTHY_RESET_S = 30.0
-"""A model that crashes after serving this long starts its backoff again from the beginning."""
 REAP_INTERVAL_S = 0.5
 MEASURE_INTERVAL_S = 5.0
 GPU_RECOVERY_S = 5.0
@@ -76,11 +74,11 @@ class Residency:
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the pinned models (those on GPUs one at a time, in plan order, each measured) and the
-        idle reaper. Returns at once; loading happens in the background."""
-        pinned = [e for e in self._all() if e.pinned]
-        on_gpus = [e for e in pinned if e.memory.gpu_indices]
-        for entry in pinned:
+        """Start the models loaded at boot (those on GPUs one at a time, in plan order, each measured) and
+        the idle reaper. Returns at once; loading happens in the background."""
+        at_boot = [e for e in self._all() if e.policy.at_boot]
+        on_gpus = [e for e in at_boot if e.memory.gpu_indices]
+        for entry in at_boot:
             if entry not in on_gpus:
                 entry.deployment.worker.start()
         self._spawn(self._boot(on_gpus), "residency:boot")
@@ -99,28 +97,28 @@ class Residency:
             with contextlib.suppress(BaseException):
                 await task
         for entry in self._all():
-            self._fail_pending(entry, lambda: GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"))
+            entry.fail_pending(lambda: GatewayError(ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"))
         await asyncio.gather(*(e.deployment.worker.stop(grace_s=STOP_GRACE_S) for e in self._all()))
 
     # -- requests ---------------------------------------------------------------------------------------
     def check(self, deployment: Deployment) -> None:
         """Fail fast, before a request is admitted: an on-demand model's remembered failed load is returned at
-        once until its backoff ends. (A pinned model that is starting is waited for in `ensure_loaded`.)"""
+        once until its backoff ends. (A model whose worker restarts itself is waited for in `ensure_loaded`.)"""
         entry = self._entry(deployment)
-        if not entry.pinned:
-            self._raise_if_failed(entry)
+        if not entry.policy.restarts:
+            entry.raise_if_failed()
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
         """A hold at once when the model is served now; None when it must be loaded or is still starting."""
         entry = self._entry(deployment)
-        if entry.pinned:
+        if entry.policy.restarts:
             try:
                 deployment.worker.base_url()  # the worker's state machine decides whether it serves now
             except GatewayError:
                 return None
-            return self._grant(entry)
+            return entry.grant()
         if entry.state is ModelState.READY:
-            return self._grant(entry)
+            return entry.grant()
         return None
 
     async def ensure_loaded(self, deployment: Deployment, *, wait_s: float | None = None) -> Hold:
@@ -132,9 +130,9 @@ class Residency:
         if hold is not None:
             return hold
         entry = self._entry(deployment)
-        if entry.pinned:
-            return await self._await_pinned(entry, wait_s)
-        self._raise_if_failed(entry)
+        if entry.policy.restarts:
+            return await self._await_worker(entry, wait_s)
+        entry.raise_if_failed()
         waiter: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
         entry.pending.add(waiter)
         self._kick(entry)
@@ -144,7 +142,7 @@ class Residency:
         except TimeoutError:
             entry.pending.discard(waiter)
             if not waiter.done():  # else it was decided in the same instant: that answer stands
-                raise self._still_loading(entry, time.monotonic() - started) from None
+                raise entry.still_loading(time.monotonic() - started) from None
         except asyncio.CancelledError:
             entry.pending.discard(waiter)
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -154,8 +152,8 @@ class Residency:
             self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
         return waiter.result()
 
-    async def _await_pinned(self, entry: Resident, wait_s: float | None) -> Hold:
-        """Wait for a pinned model's worker to be READY (booting or restarting); its 503 if it cannot be."""
+    async def _await_worker(self, entry: Resident, wait_s: float | None) -> Hold:
+        """Wait for a worker that starts itself to be READY (booting or restarting); its 503 if it cannot be."""
         worker = entry.deployment.worker
         started = time.monotonic()
         try:
@@ -167,7 +165,7 @@ class Residency:
             ) from None
         finally:
             self._metrics.load_wait.labels(entry.name).observe(time.monotonic() - started)
-        return self._grant(entry)
+        return entry.grant()
 
     def progress(self, deployment: Deployment) -> Progress:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
@@ -188,24 +186,23 @@ class Residency:
         if entry is None:
             return
         self._publish(entry)
-        if entry.pinned:
+        if entry.policy.restarts:
             entry.phase_started = time.monotonic()
             return
         if state is not WorkerState.FAILED:
             return
         if entry.state in (ModelState.READY, ModelState.DRAINING):
-            if entry.ready_at is not None and time.monotonic() - entry.ready_at >= HEALTHY_RESET_S:
-                entry.failures = 0
+            entry.backoff.served_for(None if entry.ready_at is None else time.monotonic() - entry.ready_at)
             reason = entry.deployment.worker.last_error or "the worker exited"
             self._failed(entry, f"model {name!r} stopped while serving: {reason}")
 
     # -- config reload (gateway.reload) -----------------------------------------------------------------
     def adopt(self, deployment: Deployment, memory: ModelMemory | None) -> None:
-        """Take a deployment added by a reload: a fresh entry; a pinned one starts now."""
+        """Take a deployment added by a reload: a fresh entry; one loaded at boot starts now."""
         self._memory[deployment.name] = memory or ModelMemory()
         self._entries[deployment.name] = Resident(deployment, self._memory[deployment.name])
         self._publish(self._entries[deployment.name])
-        if deployment.load == "always":
+        if deployment.policy.at_boot:
             deployment.worker.start()
 
     async def retire(self, deployment: Deployment) -> None:
@@ -214,7 +211,7 @@ class Residency:
         entry = self._entries.get(deployment.name)
         if entry is not None and entry.deployment is deployment:
             why = f"model {deployment.name!r} changed in a config reload; retry"
-            self._fail_pending(entry, lambda: GatewayError(ErrorCode.WORKER_UNAVAILABLE, why, retry_after_s=1))
+            entry.fail_pending(lambda: GatewayError(ErrorCode.WORKER_UNAVAILABLE, why, retry_after_s=1))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.idle.wait(), self._settings.drain_timeout_s)
         async with self._lock:
@@ -226,13 +223,13 @@ class Residency:
     async def load(self, deployment: Deployment) -> None:
         """Load now (an admin request): a remembered failure does not wait for its backoff."""
         entry = self._entry(deployment)
-        if entry.pinned:
+        if entry.policy.restarts:
             deployment.worker.start(retry=True)  # a worker that gave up after a crash loop tries again
-            hold = await self._await_pinned(entry, self._settings.startup_timeout_s)
+            hold = await self._await_worker(entry, self._settings.startup_timeout_s)
             hold.release()
             return
         if entry.state is ModelState.FAILED:
-            entry.retry_at = None
+            entry.backoff.retry_at = None
             entry.retry_crashed = True
         hold = await self.ensure_loaded(deployment, wait_s=self._settings.startup_timeout_s)
         hold.release()
@@ -240,7 +237,7 @@ class Residency:
     async def unload(self, deployment: Deployment) -> None:
         """Unload now (an admin request), draining requests in flight up to `drain_timeout_s`."""
         entry = self._entry(deployment)
-        if entry.pinned:
+        if not entry.policy.evictable:
             raise GatewayError(
                 ErrorCode.INVALID_REQUEST,
                 f"model {entry.name!r} is pinned (load: always): it is never unloaded",
@@ -271,31 +268,6 @@ class Residency:
     def _all(self) -> list[Resident]:
         return [self._entry(d) for d in self._registry]
 
-    def _grant(self, entry: Resident) -> Hold:
-        entry.holds += 1
-        entry.idle.clear()
-        entry.touch()
-
-        def release() -> None:
-            entry.holds -= 1
-            entry.touch()
-            if entry.holds == 0:
-                entry.idle.set()
-
-        return Hold(release)
-
-    def _grant_pending(self, entry: Resident) -> None:
-        for waiter in entry.pending:
-            if not waiter.done():
-                waiter.set_result(self._grant(entry))
-        entry.pending.clear()
-
-    def _fail_pending(self, entry: Resident, error: Callable[[], GatewayError]) -> None:
-        for waiter in entry.pending:
-            if not waiter.done():
-                waiter.set_exception(error())
-        entry.pending.clear()
-
     # -- loading ----------------------------------------------------------------------------------------
     def _kick(self, entry: Resident) -> None:
         """Start a load for waiters of a model that is not loaded and has no load on the way."""
@@ -317,9 +289,7 @@ class Residency:
             if entry.state is ModelState.LOADING:
                 self._set_state(entry, ModelState.UNLOADED)
             error = exc
-            self._fail_pending(
-                entry, lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s)
-            )
+            entry.fail_pending(lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s))
         except Exception as exc:
             log.exception("loading %s failed", entry.name)
             self._failed(entry, f"model {entry.name!r} could not be loaded: internal error ({type(exc).__name__})")
@@ -345,46 +315,28 @@ class Residency:
         self._measure(entry, before)
         self._metrics.model_loads.labels(entry.name, "ok").inc()
         self._metrics.load_duration.labels(entry.name).observe(entry.last_load_s)
-        entry.error, entry.retry_at, entry.ready_at = None, None, time.monotonic()
+        entry.error, entry.backoff.retry_at, entry.ready_at = None, None, time.monotonic()
         log.info("loaded %s in %.1f s: takes %s", entry.name, entry.last_load_s, entry.memory.describe())
         self._set_state(entry, ModelState.READY)
-        self._grant_pending(entry)
+        entry.grant_pending()
 
     def _failed(self, entry: Resident, message: str) -> None:
-        entry.failures += 1
-        backoff = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (entry.failures - 1))
-        entry.error, entry.retry_at = message, time.monotonic() + backoff
+        backoff = entry.backoff.fail()
+        entry.error = message
         log.error("%s; requests get this error for %.0f s, then the next one tries again", message, backoff)
         self._set_state(entry, ModelState.FAILED)
-        self._fail_pending(entry, lambda: self._failure(entry))
-
-    def _failure(self, entry: Resident) -> GatewayError:
-        left = max(1.0, (entry.retry_at or 0.0) - time.monotonic())
-        return GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "failed to load", retry_after_s=left)
-
-    def _raise_if_failed(self, entry: Resident) -> None:
-        if entry.state is ModelState.FAILED and entry.retry_at is not None and time.monotonic() < entry.retry_at:
-            raise self._failure(entry)
-
-    def _still_loading(self, entry: Resident, waited_s: float) -> GatewayError:
-        expected = entry.last_load_s or 10.0
-        return GatewayError(
-            ErrorCode.WORKER_UNAVAILABLE,
-            f"model {entry.name!r} is still loading after {waited_s:.0f} s ({self.progress(entry.deployment).phase}); "
-            "retry shortly",
-            retry_after_s=max(2.0, expected - (time.monotonic() - entry.phase_started)),
-        )
+        entry.fail_pending(entry.failed_error)
 
     # -- memory -----------------------------------------------------------------------------------------
     def _resident(self) -> list[Resident]:
-        """The models holding memory: the pinned ones, and on-demand ones READY or DRAINING."""
-        return [e for e in self._all() if e.pinned or e.state in (ModelState.READY, ModelState.DRAINING)]
+        """The models holding memory: those never evicted (pinned), and the others READY or DRAINING."""
+        return [e for e in self._all() if not e.evictable or e.state in (ModelState.READY, ModelState.DRAINING)]
 
     async def _make_room(self, entry: Resident) -> None:
-        """Unload what must go for `entry` to fit (`gateway.eviction`: idle models least recently used
+        """Unload what must go for `entry` to fit (`gateway.lifecycle.eviction`: idle models least recently used
         first, then busy ones, drained); or raise, with the numbers, when even that would not be enough."""
         residents = self._resident()
-        candidates = [e for e in residents if not e.pinned and e is not entry and e.state is ModelState.READY]
+        candidates = [e for e in residents if e.evictable and e is not entry and e.state is ModelState.READY]
         victims, short = choose_victims(self.pools, entry, residents, candidates)
         if short:
             self._failed(entry, no_room(self.pools, entry, residents, short))
@@ -424,7 +376,7 @@ class Residency:
                 await asyncio.wait_for(entry.idle.wait(), bound)
             except TimeoutError:
                 self._set_state(entry, ModelState.READY)
-                self._grant_pending(entry)
+                entry.grant_pending()
                 raise GatewayError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"could not unload {entry.name!r}"
@@ -437,7 +389,7 @@ class Residency:
         log.warning("unloading %s (%s): %s", entry.name, reason, why)
         await entry.deployment.worker.stop(grace_s=STOP_GRACE_S)
         self._metrics.model_evictions.labels(entry.name, reason).inc()
-        entry.failures = 0
+        entry.backoff.reset()
         self._set_state(entry, ModelState.UNLOADED)
         self._kick(entry)  # requests that came while it drained: it loads again after this change
 
@@ -468,7 +420,7 @@ class Residency:
             entry.reaping = False
 
     async def _boot(self, entries: list[Resident]) -> None:
-        """Pinned models on GPUs start one after another (TurboMind sizes its KV cache from the memory free
+        """Models loaded at boot on GPUs start one after another (TurboMind sizes its KV cache from the memory free
         when it starts), each measured; a failed start is left to its supervisor's restarts."""
         async with self._lock:
             for entry in entries:
@@ -476,7 +428,7 @@ class Residency:
                 try:
                     await entry.deployment.worker.ensure_ready(self._settings.startup_timeout_s)
                 except WorkerStartError as exc:
-                    log.error("pinned model %s did not start: %s (its supervisor retries)", entry.name, exc)
+                    log.error("model %s did not start: %s (its worker retries)", entry.name, exc)
                     continue
                 self._measure(entry, before)
 

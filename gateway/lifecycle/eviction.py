@@ -1,6 +1,6 @@
 """Which models to unload so that another fits, and the sentences that say why (or why nothing can).
 
-Pure decisions over the models in memory (`Tenant`) and the pools (`gateway.memory.Pools`); the residency
+Pure decisions over the models in memory (`Tenant`) and the pools (`gateway.lifecycle.memory.Pools`); the residency
 manager acts on them. A model fits in a pool when its need (measured, else estimated) is at most both what
 the budget leaves beside everyone else in memory and what the pool has free right now (where that can be
 read), counting what the chosen victims would give back. Victims are on-demand models that are READY:
@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from gateway.memory import ModelMemory, Pools, gib, pool_label
+from gateway.lifecycle.memory import ModelMemory, Pools, gib, pool_label
 
 Shortfall = dict[str, tuple[int, int]]
 """Per pool where a model does not fit: (needed, free) bytes."""
@@ -26,7 +26,7 @@ class Tenant(Protocol):
     def name(self) -> str: ...
 
     @property
-    def pinned(self) -> bool: ...
+    def evictable(self) -> bool: ...
 
     @property
     def memory(self) -> ModelMemory: ...
@@ -96,7 +96,7 @@ def no_room(pools: Pools, tenant: Tenant, residents: Sequence[Tenant], short: Sh
     parts = []
     for pool, (need, free) in sorted(short.items()):
         budget = pools.budgets.get(pool)
-        pinned = [r for r in residents if r.pinned and r is not tenant and r.memory.need().get(pool)]
+        pinned = [r for r in residents if not r.evictable and r is not tenant and r.memory.need().get(pool)]
         held = ", ".join(f"{r.name!r} {gib(r.memory.need()[pool])}" for r in pinned) or "none"
         live = pools.live_free(pool)
         parts.append(

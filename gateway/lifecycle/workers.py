@@ -1,15 +1,12 @@
-"""The one interface the gateway has to a model's worker, whatever runs it.
+"""The two interfaces of a model's worker: `Worker`, what the request path and the views call, and
+`WorkerHandle`, what the lifecycle drives to run one (docs/lifecycle.md: states, transitions, races).
 
-Three things implement `Worker`: `gateway.supervisor.WorkerProcess` (a local engine process it starts and
-restarts), `gateway.remote.RemoteEndpoint` (an OpenAI endpoint on another host, health-checked) and the
-test double `tests.fakes.asgi_worker.FakeWorker` (an in-process ASGI app). The service layer and the
-routes only ever call what is declared here.
+`Worker` is implemented by `gateway.lifecycle.supervisor.WorkerMachine` (a model's state machine over a
+`WorkerHandle`: local processes today, a worker on another host next), `gateway.lifecycle.remote.RemoteEndpoint`
+(an OpenAI endpoint on another host, health-checked) and the test double `tests.fakes.asgi_worker.FakeWorker`.
+`WorkerHandle` is implemented by `gateway.lifecycle.process.WorkerProcess` (a local engine process).
 
-    STOPPED ─start()─▶ STARTING ─ready─▶ READY ─crash / unhealthy─▶ FAILED ─retry─▶ STARTING
-       ▲                                   │                          │
-       └────────────── stop() (from any state, through STOPPING) ─────┘
-
-Race semantics, as llama-swap documents its `Process`:
+Race semantics of `Worker`, as llama-swap documents its `Process`:
 * `base_url()` decides inside the state machine: callers never read `state` to decide whether to send.
   It answers the URL only while READY, and otherwise raises the right 503 `GatewayError` (with
   Retry-After) at once; it never waits. A URL handed out may still fail a moment later (the worker crashed
@@ -18,8 +15,8 @@ Race semantics, as llama-swap documents its `Process`:
   calls (while it loads or runs) do nothing.
 * `wait_ready()` waits for READY without changing anything; a timeout is not an error, it returns False.
 * `await_ready()` waits for the outcome of a start already under way (a pinned model booting or being
-  restarted by its supervisor) without starting one: a request that arrives then waits instead of a 503.
-* `note_success()` marks a served request: a worker that crashes `crash_limit` times in a row with none
+  restarted) without starting one: a request that arrives then waits instead of a 503.
+* `note_success()` marks a served request: a worker that crashes `CRASH_LIMIT` times in a row with none
   served between gives up (FAILED with the cause) instead of restarting forever.
 * `ensure_ready()` is llama-swap's EnsureReady: it starts the worker if it is not running and waits for
   the outcome of that start (READY, or the failure with its reason, or the timeout), deciding inside the
@@ -32,6 +29,8 @@ Race semantics, as llama-swap documents its `Process`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -60,7 +59,11 @@ class Worker(Protocol):
     state: WorkerState
     restarts: int
     last_error: str | None
-    pid: int | None
+
+    @property
+    def pid(self) -> int | None:
+        """The local process group to measure memory from; None when there is none."""
+        ...
 
     def start(self, *, retry: bool = False) -> None:
         """Begin (or keep) serving in the background; idempotent, never blocks. `retry` also restarts a
@@ -91,4 +94,59 @@ class Worker(Protocol):
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop serving (terminating any process); safe in every state and idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a running worker ended by itself: `cause` is short and bounded (`SIGSEGV`, `exit 1`, `unhealthy`:
+    a metric label), `message` says it for a person."""
+
+    cause: str
+    message: str
+
+
+class WorkerHandle(Protocol):
+    """The machinery of one model's worker, wherever it runs: launch it, wait until it is healthy, learn when
+    it ends, terminate it. It keeps no lifecycle state of its own (no restarts, no backoff, no crash count):
+    `gateway.lifecycle.supervisor.WorkerMachine` decides all of that. Transport-neutral: a local process
+    (`gateway.lifecycle.process.WorkerProcess`) and a worker on another host implement it alike.
+
+    One worker runs at a time per handle: `launch()` is called again only after `terminate()`. Every method
+    runs on the event loop and never blocks it; `terminate()` is safe at any time and idempotent."""
+
+    name: str
+
+    @property
+    def pid(self) -> int | None:
+        """The local process group to measure memory from; None while nothing runs or on another host."""
+        ...
+
+    async def launch(self) -> None:
+        """Start one worker (a new process, a new port). Raise `WorkerStartError` when it cannot start at all."""
+        ...
+
+    async def wait_healthy(self) -> None:
+        """Return once the worker answers its health check; raise `WorkerStartError` (with its cause and last
+        log lines) when it exits, logs a fatal line or is not healthy within its startup timeout."""
+        ...
+
+    async def wait_exit(self) -> WorkerExit:
+        """Return when the healthy worker ends (or stops answering) by itself."""
+        ...
+
+    async def terminate(self, grace_s: float) -> None:
+        """End the worker and everything it spawned: ask, wait up to `grace_s`, then force."""
+        ...
+
+    def url(self) -> str | None:
+        """The worker's root URL while one is launched; None otherwise."""
+        ...
+
+    def alive(self) -> bool:
+        """True from `launch()` until the worker has ended (by itself or by `terminate()`)."""
+        ...
+
+    def log_lines(self) -> Sequence[str]:
+        """The last lines the current worker logged (for error messages)."""
         ...

@@ -1,4 +1,4 @@
-"""RemoteEndpoint: a `gateway.workers.Worker` for an endpoint on another host, kept READY by health checks.
+"""RemoteEndpoint: a `gateway.lifecycle.workers.Worker` for an endpoint on another host, kept READY by health checks.
 
 It owns no process; the registry, the service and /ready treat it like a local worker.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.remote")
 
