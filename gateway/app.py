@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -41,7 +41,10 @@ from gateway.service import Service
 from gateway.store import ResponseStore
 from gateway.supervisor import WorkerProcess
 from gateway.translate.messages import anthropic_error_body
-from gateway.workers import Worker, WorkerState
+from gateway.workers import Worker, WorkerState, request_headers
+
+if TYPE_CHECKING:
+    from gateway.cluster.serve import ClusterServing
 
 log = logging.getLogger("voltgate")
 
@@ -72,6 +75,7 @@ def create_app(
     metrics: Metrics | None = None,
     planner: Planner | None = None,
     watch: Path | None = None,
+    cluster: ClusterServing | None = None,
 ) -> FastAPI:
     """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how to
     re-read and place the config) it reloads on SIGHUP, `POST /admin/reload` and `watch`'s changes."""
@@ -90,7 +94,7 @@ def create_app(
 
             def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
                 return _deployment(
-                    plan, spec, adapters[plan.engine], client, config, metrics, residency.on_worker_state
+                    plan, spec, adapters[plan.engine], client, config, metrics, residency.on_worker_state, cluster
                 )
 
             for plan in plans:
@@ -103,6 +107,8 @@ def create_app(
             _announce(config, keys, registry)
             await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
+            if cluster is not None:  # host loss and rejoin: gateway.cluster.serve
+                cluster.start(registry, residency, make, metrics, lambda p: setattr(context, "placement", p))
             current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
             context.reloader = _reloader(context, planner, current, residency, make, watch) if planner else None
             try:
@@ -110,6 +116,8 @@ def create_app(
             finally:
                 context.accepting = False
                 stats.cancel()
+                if cluster is not None:
+                    await cluster.close()
                 if context.reloader is not None:
                     await context.reloader.close()
                 log.info("stopping %d worker(s)", len(registry.deployments))
@@ -186,6 +194,7 @@ def _deployment(
     config: Config,
     metrics: Metrics,
     on_worker_state: Callable[[str, WorkerState], None] | None = None,
+    cluster: ClusterServing | None = None,
 ) -> Deployment:
     states = [s.value for s in WorkerState]
 
@@ -196,8 +205,10 @@ def _deployment(
         if on_worker_state is not None:
             on_worker_state(name, state)
 
-    worker: Worker
-    if plan.remote_url is not None:
+    worker: Worker | None = cluster.worker_for(plan, on_state) if cluster is not None else None
+    if worker is not None:
+        pass  # on a cluster host (gateway.cluster.serve)
+    elif plan.remote_url is not None:
         worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
     else:
         worker = WorkerProcess(
@@ -225,7 +236,9 @@ async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metr
             if deployment.worker.state is not WorkerState.READY or deployment.plan.engine is not EngineName.LLAMACPP:
                 continue
             with contextlib.suppress(httpx.HTTPError, ValueError, GatewayError):
-                response = await client.get(deployment.worker.base_url() + "/health", timeout=2.0)
+                response = await client.get(
+                    deployment.worker.base_url() + "/health", timeout=2.0, headers=request_headers(deployment.worker)
+                )
                 data = response.json()
                 if isinstance(data, dict):
                     metrics.update_worker_stats(deployment.name, data)

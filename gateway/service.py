@@ -40,6 +40,7 @@ from gateway.protocol.rerank import RerankRequest, RerankResponse
 from gateway.relay import transport_error, upstream_error_to_gateway
 from gateway.residency import Residency
 from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
+from gateway.workers import request_headers
 
 __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
@@ -214,7 +215,9 @@ class Service:
     async def _post(self, deployment: Deployment, kind: RequestKind, body: dict[str, Any]) -> dict[str, Any]:
         url = deployment.worker.base_url() + PATHS[kind]
         try:
-            response = await self.client.post(url, json=body, timeout=self._upstream_timeout)
+            response = await self.client.post(
+                url, json=body, timeout=self._upstream_timeout, headers=request_headers(deployment.worker)
+            )
         except httpx.HTTPError as exc:
             raise transport_error(exc, deployment.name) from None
         if response.status_code != 200:

@@ -28,6 +28,7 @@ from gateway.live_speed import Flight
 from gateway.metrics import Metrics
 from gateway.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames, transport_error, upstream_error_to_gateway
 from gateway.residency import Hold, Residency
+from gateway.workers import request_headers
 
 access_log = logging.getLogger("voltgate.access")
 
@@ -296,7 +297,9 @@ class StreamSession:
         deployment = self.scope.deployment
         url = deployment.worker.base_url() + PATHS[self.scope.ctx.kind]
         try:
-            request = self._client.build_request("POST", url, json=self._body, timeout=self._timeout)
+            request = self._client.build_request(
+                "POST", url, json=self._body, timeout=self._timeout, headers=request_headers(deployment.worker)
+            )
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise transport_error(exc, deployment.name) from None

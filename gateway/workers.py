@@ -32,6 +32,7 @@ Race semantics, as llama-swap documents its `Process`:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Protocol
 
@@ -92,3 +93,10 @@ class Worker(Protocol):
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop serving (terminating any process); safe in every state and idempotent."""
         ...
+
+
+def request_headers(worker: Worker) -> Mapping[str, str]:
+    """The headers every call to `worker` must carry: a cluster worker's launch secret
+    (`gateway.cluster.host_worker.HostWorker.headers`); none for the other workers."""
+    headers = getattr(worker, "headers", None)
+    return headers if isinstance(headers, Mapping) else {}

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from backends.base import DeploymentPlan
 from gateway.cluster.access import auth_headers, new_worker_token
@@ -30,7 +31,13 @@ class HostWorker:
     """One model's worker on `agent`'s host (see the module docstring; race semantics as `gateway.workers`)."""
 
     def __init__(
-        self, plan: DeploymentPlan, agent: HostAgent, *, interval_s: float = POLL_INTERVAL_S, startup_s: float = 600.0
+        self,
+        plan: DeploymentPlan,
+        agent: HostAgent,
+        *,
+        interval_s: float = POLL_INTERVAL_S,
+        startup_s: float = 600.0,
+        on_state: Callable[[str, WorkerState], None] | None = None,
     ) -> None:
         self.name = plan.model
         self.host = agent.host
@@ -47,6 +54,7 @@ class HostWorker:
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self._changed = asyncio.Event()
+        self._on_state = on_state
 
     def start(self, *, retry: bool = False) -> None:
         del retry  # the host's supervisor decides restarts; a lost host is not retried here
@@ -132,3 +140,5 @@ class HostWorker:
         self._changed.set()
         self._changed = asyncio.Event()
         log.info("worker %s on host %s: %s", self.name, self.host, state.value)
+        if self._on_state is not None:
+            self._on_state(self.name, state)
