@@ -33,7 +33,7 @@ from prometheus_client import Gauge
 
 from backends.base import DeploymentPlan
 from gateway.cluster.agent import HostAgent, HostLost
-from gateway.cluster.host_worker import HostWorker
+from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
 from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, hosts_from_agents
 from gateway.cluster.plan import ClusterReport, plan_cluster
@@ -99,6 +99,7 @@ class ClusterServing:
     assignment: dict[str, str] = field(default_factory=dict)  # model -> host, for the models served on hosts
     report: ClusterReport | None = None
     interval_s: float = WATCH_INTERVAL_S
+    worker_interval_s: float = POLL_INTERVAL_S  # how often each HostWorker asks its host about its worker
     _task: asyncio.Task[None] | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _on_placement: Callable[[dict[str, Any]], None] | None = None
@@ -157,7 +158,7 @@ class ClusterServing:
         host = self.assignment.get(plan.model)
         if host is None or host not in self.agents:
             return None
-        return HostWorker(plan, self.agents[host], on_state=on_state)
+        return HostWorker(plan, self.agents[host], interval_s=self.worker_interval_s, on_state=on_state)
 
     def start(
         self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment],
