@@ -82,8 +82,10 @@ class HostWorker:
         if self.state is WorkerState.READY and self._url is not None:
             return self._url
         if self.lost is not None:
-            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is unavailable: {self.lost}",
-                               retry_after_s=30)  # fmt: skip
+            # retry soon: `voltgate serve --cluster` re-places the model within seconds when it fits elsewhere
+            raise GatewayError(
+                ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is unavailable: {self.lost}", retry_after_s=5
+            )
         detail = f" (last error: {self.last_error})" if self.last_error else ""
         raise GatewayError(ErrorCode.WORKER_UNAVAILABLE,
                            f"model {self.name!r} is {self.state.value} on host {self.host!r}; retry shortly{detail}",
