@@ -198,8 +198,8 @@ class ClusterServing:
                 await self.join(joined)
                 if lost or self.agents.keys() & joined.keys():
                     self._replace(registry, residency, make, displaced, lost)
-            except (HostLost, ClusterUnavailable, ConnectionError, RuntimeError) as exc:
-                log.warning("cluster watch: %s", exc)
+            except Exception:  # the watch must outlive any one bad round (a host answering garbage, Ray hiccups)
+                log.exception("cluster watch: this round failed; trying again in %.0f s", self.interval_s)
 
     def _replace(
         self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment],
