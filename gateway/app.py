@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -33,7 +33,7 @@ from gateway.lifecycle.process import WorkerProcess
 from gateway.lifecycle.remote import RemoteEndpoint
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.supervisor import WorkerMachine
-from gateway.lifecycle.workers import Worker, WorkerState
+from gateway.lifecycle.workers import Worker, WorkerState, request_headers
 from gateway.live_speed import predictions_from_placement
 from gateway.metrics import Metrics
 from gateway.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
@@ -44,6 +44,9 @@ from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
 from gateway.translate.messages import anthropic_error_body
+
+if TYPE_CHECKING:
+    from gateway.cluster.serve import ClusterServing
 
 log = logging.getLogger("voltgate")
 
@@ -74,6 +77,7 @@ def create_app(
     metrics: Metrics | None = None,
     planner: Planner | None = None,
     watch: Path | None = None,
+    cluster: ClusterServing | None = None,
 ) -> FastAPI:
     """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how to
     re-read and place the config) it reloads on SIGHUP, `POST /admin/reload` and `watch`'s changes."""
@@ -92,7 +96,7 @@ def create_app(
 
             def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
                 return _deployment(
-                    plan, spec, adapters[plan.engine], client, config, metrics, residency.on_worker_state
+                    plan, spec, adapters[plan.engine], client, config, metrics, residency.on_worker_state, cluster
                 )
 
             for plan in plans:
@@ -105,6 +109,8 @@ def create_app(
             _announce(config, keys, registry)
             await residency.start()  # pinned models load now, on-demand ones at their first request
             stats = asyncio.create_task(_poll_worker_stats(registry, client, metrics))
+            if cluster is not None:  # host loss and rejoin: gateway.cluster.serve
+                cluster.start(registry, residency, make, metrics, lambda p: setattr(context, "placement", p))
             current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
             context.reloader = _reloader(context, planner, current, residency, make, watch) if planner else None
             try:
@@ -112,6 +118,8 @@ def create_app(
             finally:
                 context.accepting = False
                 stats.cancel()
+                if cluster is not None:
+                    await cluster.close()
                 if context.reloader is not None:
                     await context.reloader.close()
                 log.info("stopping %d worker(s)", len(registry.deployments))
@@ -188,6 +196,7 @@ def _deployment(
     config: Config,
     metrics: Metrics,
     on_worker_state: Callable[[str, WorkerState], None] | None = None,
+    cluster: ClusterServing | None = None,
 ) -> Deployment:
     states = [s.value for s in WorkerState]
 
@@ -198,8 +207,10 @@ def _deployment(
         if on_worker_state is not None:
             on_worker_state(name, state)
 
-    worker: Worker
-    if plan.remote_url is not None:
+    worker: Worker | None = cluster.worker_for(plan, on_state) if cluster is not None else None
+    if worker is not None:
+        pass  # on a cluster host (gateway.cluster.serve)
+    elif plan.remote_url is not None:
         worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
     else:
         process = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client)
@@ -227,7 +238,9 @@ async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metr
             if deployment.worker.state is not WorkerState.READY or deployment.plan.engine is not EngineName.LLAMACPP:
                 continue
             with contextlib.suppress(httpx.HTTPError, ValueError, GatewayError):
-                response = await client.get(deployment.worker.base_url() + "/health", timeout=2.0)
+                response = await client.get(
+                    deployment.worker.base_url() + "/health", timeout=2.0, headers=request_headers(deployment.worker)
+                )
                 data = response.json()
                 if isinstance(data, dict):
                     metrics.update_worker_stats(deployment.name, data)

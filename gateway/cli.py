@@ -26,6 +26,8 @@ from gateway.config import (
 )
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from gateway.placement import Inventory, PlacementReport
     from gateway.reload import Desired
 
@@ -91,33 +93,20 @@ def serve(
     watch_config: Annotated[
         bool, typer.Option("--watch-config", help="reload the config whenever its file changes (also: SIGHUP)")
     ] = False,
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="serve on every host of a Ray cluster: 'ray' or 'ray:HOST:PORT' (docs/cluster.md)"),
+    ] = None,
 ) -> None:
     """Place every configured model, start its worker, and serve the OpenAI API."""
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.connections import ClientConnections, server_options
     from gateway.logs import setup_logging
-    from gateway.placement import render_plan_table
 
     setup_logging(log_format, log_level.upper())
     cfg = _load(config, gpus, host, port)
-    inventory = _inventory(cfg)
-    desired, report = _place(cfg, inventory)
-    render_plan_table(report, err)
-    if not desired.plans:
-        err.print("[red]error:[/red] no model could be placed; see the plan above")
-        raise typer.Exit(1)
-    path = config or env_overrides().config or DEFAULT_CONFIG
-    overrides = EnvOverrides(host=cfg.server.host, port=cfg.server.port, gpus=cfg.gpus, config=None)
-
-    def planner() -> Desired:  # a reload: the same file, overrides and inventory as at start
-        return _place(load_config(path, overrides=overrides), inventory)[0]
-
-    app = create_app(
-        cfg, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
-        watch=path if watch_config else None,
-    )  # fmt: skip
+    app = _cluster_app(cfg, cluster) if cluster is not None else _local_app(cfg, config, watch_config)
     _raise_open_file_limit()
     connections = ClientConnections(cfg.server.max_connections_per_client, cfg.server.header_timeout_s)
     server = uvicorn.Server(
@@ -134,6 +123,49 @@ def serve(
     )
     logging.getLogger("voltgate").info("serving on http://%s:%s/v1", cfg.server.host, cfg.server.port)
     server.run()
+
+
+def _local_app(cfg: Config, config: Path | None, watch_config: bool) -> FastAPI:
+    from gateway.app import create_app
+    from gateway.placement import render_plan_table
+
+    inventory = _inventory(cfg)
+    desired, report = _place(cfg, inventory)
+    render_plan_table(report, err)
+    if not desired.plans:
+        err.print("[red]error:[/red] no model could be placed; see the plan above")
+        raise typer.Exit(1)
+    path = config or env_overrides().config or DEFAULT_CONFIG
+    overrides = EnvOverrides(host=cfg.server.host, port=cfg.server.port, gpus=cfg.gpus, config=None)
+
+    def planner() -> Desired:  # a reload: the same file, overrides and inventory as at start
+        return _place(load_config(path, overrides=overrides), inventory)[0]
+
+    return create_app(
+        cfg, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
+        watch=path if watch_config else None,
+    )  # fmt: skip
+
+
+def _cluster_app(cfg: Config, target: str) -> FastAPI:
+    """`serve --cluster`: plan over the cluster's hosts; each host's models run there (gateway.cluster.serve).
+    No config reload in this mode (a restart applies a changed config)."""
+    from gateway.app import create_app
+    from gateway.cluster.live import ClusterUnavailable
+    from gateway.cluster.render import render_cluster_plan
+    from gateway.cluster.serve import open_cluster
+
+    try:
+        serving = open_cluster(target, cfg)
+    except ClusterUnavailable as exc:
+        _config_error(str(exc))
+    plans, refused = serving.initial()
+    assert serving.report is not None
+    render_cluster_plan(serving.report, err)
+    if not plans:
+        err.print("[red]error:[/red] no model could be placed on any host; see the plan above")
+        raise typer.Exit(1)
+    return create_app(cfg, plans, refused=refused, placement=serving.placement(), cluster=serving)
 
 
 def _place(cfg: Config, inventory: Inventory) -> tuple[Desired, PlacementReport]:

@@ -19,6 +19,7 @@ from backends.base import UpstreamError
 from backends.request import ENGINE_PATHS, AnyEngineRequest
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.workers import request_headers
 
 
 def upstream_error_to_gateway(err: UpstreamError) -> GatewayError:
@@ -57,7 +58,8 @@ class Upstream:
     def _request(self, request: AnyEngineRequest) -> httpx.Request:
         url = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
         body = self.deployment.adapter.translate_request(request)
-        return self._client.build_request("POST", url, json=body, timeout=self._timeout)
+        headers = request_headers(self.deployment.worker)  # a cluster worker's launch secret; none locally
+        return self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=headers)
 
     def _refused(self, status: int, content: bytes) -> GatewayError:
         return upstream_error_to_gateway(self.deployment.adapter.normalize_error(status, content))

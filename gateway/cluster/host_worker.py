@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from backends.base import DeploymentPlan
 from gateway.cluster.access import auth_headers, new_worker_token
@@ -31,7 +32,13 @@ class HostWorker:
     `gateway.lifecycle.workers`)."""
 
     def __init__(
-        self, plan: DeploymentPlan, agent: HostAgent, *, interval_s: float = POLL_INTERVAL_S, startup_s: float = 600.0
+        self,
+        plan: DeploymentPlan,
+        agent: HostAgent,
+        *,
+        interval_s: float = POLL_INTERVAL_S,
+        startup_s: float = 600.0,
+        on_state: Callable[[str, WorkerState], None] | None = None,
     ) -> None:
         self.name = plan.model
         self.host = agent.host
@@ -48,6 +55,7 @@ class HostWorker:
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self._changed = asyncio.Event()
+        self._on_state = on_state
 
     def start(self, *, retry: bool = False) -> None:
         del retry  # the host's supervisor decides restarts; a lost host is not retried here
@@ -75,8 +83,10 @@ class HostWorker:
         if self.state is WorkerState.READY and self._url is not None:
             return self._url
         if self.lost is not None:
-            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is unavailable: {self.lost}",
-                               retry_after_s=30)  # fmt: skip
+            # retry soon: `voltgate serve --cluster` re-places the model within seconds when it fits elsewhere
+            raise GatewayError(
+                ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is unavailable: {self.lost}", retry_after_s=5
+            )
         detail = f" (last error: {self.last_error})" if self.last_error else ""
         raise GatewayError(ErrorCode.WORKER_UNAVAILABLE,
                            f"model {self.name!r} is {self.state.value} on host {self.host!r}; retry shortly{detail}",
@@ -133,3 +143,5 @@ class HostWorker:
         self._changed.set()
         self._changed = asyncio.Event()
         log.info("worker %s on host %s: %s", self.name, self.host, state.value)
+        if self._on_state is not None:
+            self._on_state(self.name, state)

@@ -126,11 +126,17 @@ def spawn_agent(
 
 def cluster_hosts() -> dict[str, str]:
     """The hosts of the connected cluster that are alive and declare `voltgate_host:<name>`: name -> node IP."""
+    return {name: ip for name, (ip, _) in cluster_nodes().items()}
+
+
+def cluster_nodes() -> dict[str, tuple[str, str]]:
+    """Like `cluster_hosts`, with each host's Ray node id: name -> (node IP, node id). A host that left and
+    joined again has a new node id."""
     hosts = {}
     for node in ray.nodes():  # type: ignore[no-untyped-call]
         if not node.get("Alive"):
             continue
         for resource in node.get("Resources", {}):
             if resource.startswith(RESOURCE_PREFIX):
-                hosts[resource.removeprefix(RESOURCE_PREFIX)] = str(node["NodeManagerAddress"])
+                hosts[resource.removeprefix(RESOURCE_PREFIX)] = (str(node["NodeManagerAddress"]), str(node["NodeID"]))
     return dict(sorted(hosts.items()))

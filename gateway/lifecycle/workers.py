@@ -29,7 +29,7 @@ Race semantics of `Worker`, as llama-swap documents its `Process`:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -150,3 +150,10 @@ class WorkerHandle(Protocol):
     def log_lines(self) -> Sequence[str]:
         """The last lines the current worker logged (for error messages)."""
         ...
+
+
+def request_headers(worker: Worker) -> Mapping[str, str]:
+    """The headers every call to `worker` must carry: a cluster worker's launch secret
+    (`gateway.cluster.host_worker.HostWorker.headers`); none for the other workers."""
+    headers = getattr(worker, "headers", None)
+    return headers if isinstance(headers, Mapping) else {}

@@ -66,3 +66,14 @@ def test_plan_against_a_live_cluster_names_the_extra_without_ray(tmp_path: Path,
     done = _run(f"sys.argv = {argv!r}\nfrom gateway.cli import main\nmain()\n")
     assert done.returncode == 2
     assert "pip install 'voltgate[cluster]'" in done.stderr
+
+
+def test_serve_against_a_cluster_names_the_extra_without_ray_and_refuses_a_cluster_file(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    (tmp_path / "c.yaml").write_text(f"models:\n  - {{name: m, sources: [{{gguf: {smollm2_path}}}]}}\n")
+    for target, expected in (("ray", "pip install 'voltgate[cluster]'"), ("hosts.yaml", "serving needs a live")):
+        argv = ["voltgate", "serve", "--config", str(tmp_path / "c.yaml"), "--cluster", target]
+        done = _run(f"sys.argv = {argv!r}\nfrom gateway.cli import main\nmain()\n")
+        assert done.returncode == 2, done.stderr
+        assert expected in done.stderr.replace("\n", " ")

@@ -1,0 +1,273 @@
+"""`voltgate serve --cluster`: the gateway's deployments over a cluster's hosts, and what it does when one goes.
+
+`open_cluster(target, config)` connects to the live Ray cluster, starts (or finds) every host's agent, and
+plans the config over those hosts (`plan_cluster`). The app builds each model placed on a host as a
+`HostWorker` (`ClusterServing.worker_for`), reached over HTTP with its launch secret; models that are
+remote endpoints are served as before.
+
+`ClusterServing.start` watches the cluster (every `interval_s`):
+
+* a host is lost when a call on its agent fails (`HostWorker.lost`) or Ray reports its node dead. Its
+  in-flight streams were already cut by the worker's death (the relay's error frame, then `[DONE]`); its
+  models are planned again over the remaining hosts, the models that still run elsewhere pinned where they
+  are (nothing serving is moved). A model that fits goes to its new host (a fresh `HostWorker`); one that
+  does not is refused with a 503 naming it, the lost host and why no other host can take it;
+* a host that joins (a Ray node declaring `voltgate_host:<name>`, or the same name on a new node) gets an
+  agent, and the models that are not served (refused by the loss, or never placed) are planned again.
+
+Re-placing swaps the registry's deployment the way a config reload does (`gateway.reload`): the new one is
+registered first, the old one is retired in the background (its worker is on a lost host: nothing to drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import Gauge
+
+from backends.base import DeploymentPlan
+from gateway.cluster.agent import HostAgent, HostLost
+from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
+from gateway.cluster.hosts import HostView
+from gateway.cluster.live import ClusterUnavailable, hosts_from_agents
+from gateway.cluster.plan import ClusterReport, plan_cluster
+from gateway.config import Config, ModelSpec
+from gateway.deployments import Deployment, Registry
+from gateway.lifecycle.workers import Worker, WorkerState
+from gateway.metrics import Metrics
+
+log = logging.getLogger("voltgate.cluster")
+
+WATCH_INTERVAL_S = 1.0
+HOST_GPUS_ENV = "VOLTGATE_HOST_GPUS"  # simulated inventories per host: "a=2xv100-32gb,b=none" (tests, dry runs)
+
+Discover = Callable[[], Awaitable[tuple[dict[str, HostAgent], set[str]]]]
+"""The hosts that joined (new agents) and the names of the hosts that are gone, since the last call."""
+
+
+class Residency(Protocol):
+    """What re-placing needs of `gateway.lifecycle.residency.Residency`."""
+
+    def adopt(self, deployment: Deployment, memory: Any) -> None: ...
+
+    async def retire(self, deployment: Deployment) -> None: ...
+
+
+def host_gpus(raw: str | None = None) -> dict[str, str]:
+    """`VOLTGATE_HOST_GPUS` ("a=v100-16gb,b=none"): a simulated inventory for the named hosts' agents."""
+    raw = os.environ.get(HOST_GPUS_ENV, "") if raw is None else raw
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    return {name.strip(): layout.strip() for name, layout in pairs}
+
+
+class RayDiscovery:
+    """`Discover` over Ray: the alive nodes that declare `voltgate_host:<name>`, by node id."""
+
+    def __init__(self, gpus: Mapping[str, str]) -> None:
+        self._gpus = dict(gpus)
+        self._nodes: dict[str, str] = {}  # host -> the node id its agent runs on
+
+    async def __call__(self) -> tuple[dict[str, HostAgent], set[str]]:
+        from gateway.cluster import ray_agent
+
+        nodes = await asyncio.to_thread(ray_agent.cluster_nodes)
+        gone = {host for host, node in self._nodes.items() if nodes.get(host, (None, None))[1] != node}
+        for host in gone:
+            del self._nodes[host]
+        joined: dict[str, HostAgent] = {}
+        for host, (ip, node) in nodes.items():
+            if host not in self._nodes:
+                self._nodes[host] = node
+                joined[host] = ray_agent.spawn_agent(host, bind_host=ip, gpus=self._gpus.get(host, "auto"))
+        return joined, gone
+
+
+@dataclass
+class ClusterServing:
+    """The cluster side of a gateway: hosts, agents, where each model runs; see the module docstring."""
+
+    config: Config
+    discover: Discover
+    agents: dict[str, HostAgent] = field(default_factory=dict)
+    views: dict[str, HostView] = field(default_factory=dict)
+    assignment: dict[str, str] = field(default_factory=dict)  # model -> host, for the models served on hosts
+    report: ClusterReport | None = None
+    interval_s: float = WATCH_INTERVAL_S
+    worker_interval_s: float = POLL_INTERVAL_S  # how often each HostWorker asks its host about its worker
+    _task: asyncio.Task[None] | None = None
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _on_placement: Callable[[dict[str, Any]], None] | None = None
+    _host_gauge: Gauge | None = None
+    _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
+
+    async def join(self, agents: Mapping[str, HostAgent]) -> None:
+        """Ask each new host's agent for its inventory and files; a host that does not answer is left out."""
+        for host, agent in agents.items():
+            try:
+                (view,) = await hosts_from_agents([agent], self.config)
+            except HostLost as exc:
+                log.warning("host %s did not answer: %s", host, exc)
+                continue
+            self.agents[host], self.views[host] = agent, view
+            self._seen.add(host)
+            log.info("host %s joined (%d GPU(s))", host, len(view.inventory.gpus))
+
+    def plan(self) -> ClusterReport:
+        """Plan over the live hosts, each model that is served on one of them pinned there."""
+        specs = tuple(
+            spec.model_copy(update={"hosts": (self.assignment[spec.name],)})
+            if self.assignment.get(spec.name) in self.agents
+            else spec
+            for spec in self.config.models
+        )
+        report = plan_cluster(self.config.model_copy(update={"models": specs}), list(self.views.values()))
+        self.report = report
+        return report
+
+    def placement(self) -> dict[str, Any]:
+        """The ClusterReport as `/v1/placement` serves it: each decision also carries its `prediction` and
+        `plan` at the top level (where the single-host report has them, for the metrics and residency)."""
+        assert self.report is not None
+        data: dict[str, Any] = self.report.model_dump(mode="json")
+        data["cluster"] = True
+        for decision in data["decisions"]:
+            decision["prediction"] = decision["decision"].get("prediction")
+        return data
+
+    def initial(self) -> tuple[list[DeploymentPlan], dict[str, str]]:
+        """The plans to serve at start and the models refused (with why); records each model's host."""
+        report = self.plan()
+        plans, refused = [], {}
+        for d in report.decisions:
+            if d.decision.plan is None:
+                refused[d.model] = d.decision.refusal or "not placed"
+                continue
+            plans.append(d.decision.plan)
+            if d.host is not None:
+                self.assignment[d.model] = d.host
+        return plans, refused
+
+    def worker_for(self, plan: DeploymentPlan, on_state: Callable[[str, WorkerState], None]) -> Worker | None:
+        """The worker of a model placed on a host (None: not on a host, the app builds it as before)."""
+        host = self.assignment.get(plan.model)
+        if host is None or host not in self.agents:
+            return None
+        return HostWorker(plan, self.agents[host], interval_s=self.worker_interval_s, on_state=on_state)
+
+    def start(
+        self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment],
+        metrics: Metrics, on_placement: Callable[[dict[str, Any]], None],
+    ) -> None:  # fmt: skip
+        """Watch the hosts (the app's lifespan calls this once its registry exists)."""
+        self._on_placement = on_placement
+        self._task = asyncio.create_task(self._watch(registry, residency, make), name="cluster:watch")
+        self._host_gauge = Gauge("voltgate:model_host", "1 for the host a model is served on (cluster mode)",
+                                 ["model", "host"], registry=metrics.registry)  # fmt: skip
+        for model, host in self.assignment.items():
+            self._set_host(model, host)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(
+        self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment]
+    ) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                lost = {d.worker.host: d.worker.lost for d in registry
+                        if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
+                joined, gone = await self.discover()
+                lost.update({host: f"host {host!r} left the cluster" for host in gone if host in self.agents})
+                displaced = {m: h for m, h in self.assignment.items() if h in lost}
+                for host in lost:
+                    self.agents.pop(host, None)
+                    self.views.pop(host, None)
+                    log.error("host %s is lost (%s): re-placing its models %s", host, lost[host], sorted(displaced))
+                for model in displaced:
+                    del self.assignment[model]
+                await self.join(joined)
+                if lost or self.agents.keys() & joined.keys():
+                    self._replace(registry, residency, make, displaced, lost)
+            except Exception:  # the watch must outlive any one bad round (a host answering garbage, Ray hiccups)
+                log.exception("cluster watch: this round failed; trying again in %.0f s", self.interval_s)
+
+    def _replace(
+        self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment],
+        displaced: Mapping[str, str], lost: Mapping[str, str | None],
+    ) -> None:  # fmt: skip
+        """Re-plan; move each displaced model (and each refused one) to where the plan puts it, or refuse it."""
+        report = self.plan()
+        specs = {spec.name: spec for spec in self.config.models}
+        for d in report.decisions:
+            if d.model in self.assignment or (d.model not in displaced and d.model not in registry.refused):
+                continue  # serving on a live host, or not a cluster model (a remote endpoint)
+            if d.model not in displaced and (d.host is None or d.decision.plan is None):
+                continue  # refused before and still: its reason stands
+            old = registry.remove(d.model)
+            if old is not None:
+                task = asyncio.create_task(residency.retire(old), name=f"cluster:retire:{d.model}")
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            if d.host is None or d.decision.plan is None:
+                was = displaced[d.model]
+                registry.refused[d.model] = f"its host {was!r} is lost ({lost.get(was) or 'gone'}); " + (
+                    d.decision.refusal or "no host can run it"
+                )
+                self._set_host(d.model, None)
+                log.error("model %s not served: %s", d.model, registry.refused[d.model])
+                continue
+            self.assignment[d.model] = d.host
+            registry.refused.pop(d.model, None)
+            fresh = make(d.decision.plan, specs[d.model])  # worker_for builds its HostWorker on d.host
+            registry.add(fresh)
+            residency.adopt(fresh, None)  # a pinned model starts now; an on-demand one at its next request
+            self._set_host(d.model, d.host)
+            log.info("model %s placed on host %s", d.model, d.host)
+        if self._on_placement is not None:
+            self._on_placement(self.placement())
+
+    def _set_host(self, model: str, host: str | None) -> None:
+        if self._host_gauge is not None:
+            for other in self._seen:
+                self._host_gauge.labels(model, other).set(1 if other == host else 0)
+
+
+def open_cluster(target: str, config: Config) -> ClusterServing:
+    """Connect to the live cluster (`ray`: RAY_ADDRESS, else the local head; `ray:HOST:PORT`), start every
+    host's agent and plan over the hosts. Raises `ClusterUnavailable` with the reason."""
+    if target != "ray" and not target.startswith("ray:"):
+        raise ClusterUnavailable(
+            f"--cluster {target}: serving needs a live cluster ('ray' or 'ray:HOST:PORT'); a cluster file is for "
+            "`voltgate plan --cluster`"
+        )
+    try:
+        import ray
+
+        from gateway.cluster import ray_agent
+    except ImportError as exc:
+        raise ClusterUnavailable(f"--cluster {target} needs Ray: pip install 'voltgate[cluster]' ({exc})") from None
+    address = target.removeprefix("ray").removeprefix(":") or "auto"
+    try:
+        ray.init(address=address, namespace=ray_agent.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError) as exc:
+        raise ClusterUnavailable(f"no Ray cluster at {address}: {exc}") from None
+    serving = ClusterServing(config, RayDiscovery(host_gpus()))
+
+    async def first() -> None:
+        joined, _ = await serving.discover()
+        await serving.join(joined)
+
+    asyncio.run(first())
+    if not serving.agents:
+        raise ClusterUnavailable("the Ray cluster has no host declaring a voltgate_host:<name> resource")
+    return serving

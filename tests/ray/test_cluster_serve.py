@@ -1,0 +1,174 @@
+"""`voltgate serve --cluster` over a local Ray cluster (a head and hosts `a` and `b`, in a loopback-only
+namespace, tests/ray/conftest.py): the real gateway process, real llama.cpp workers on the embedded SmolLM2
+GGUF started by each host's agent, the openai SDK.
+
+One scenario, one cluster (the cluster takes most of the time on a small box): `alpha` may run only on `a`,
+`gamma` only on `b`, `beta` anywhere (the plan puts it on `b`).
+
+1. a request is served on each host; `/v1/placement` and `/metrics` name each model's host;
+2. host `b` is killed while `beta` streams: the stream ends with an error frame and `[DONE]`; `beta` is
+   re-placed on `a` and answers again (the time is measured); `gamma` gets a 503 naming it and the lost host;
+3. host `b` joins again: `gamma` is served there again.
+
+With VOLTGATE_RECORD=PATH the measured times are appended to PATH as one JSON line (docs/cluster.md's numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("ray", reason="needs the cluster extra: pip install -e '.[cluster]'")
+
+# isort: split
+
+from gateway.cluster.ray_agent import host_resource
+from tests.conftest import free_port
+from tests.ray.conftest import NODE_IP, OBJECT_STORE_BYTES, LocalCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+GUARD_S = 240.0  # a guard against a hang, never a speed assertion
+
+
+def _config(path: Path, gguf: Path) -> Path:
+    source = f"sources: [{{gguf: {gguf}}}], context: 512"
+    path.write_text(
+        "gpus: none\nmodels:\n"
+        f"  - {{name: alpha, {source}, hosts: [a]}}\n"
+        f"  - {{name: beta, {source}}}\n"
+        f"  - {{name: gamma, {source}, hosts: [b]}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+def gateway(local_cluster: LocalCluster, smollm2_path: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The real gateway, `voltgate serve --cluster ray:ADDRESS`, until every model is ready."""
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(_config(tmp_path / "c.yaml", smollm2_path)),
+            "--host", NODE_IP, "--port", str(port), "--cluster", f"ray:{local_cluster.cluster.address}"]  # fmt: skip
+    env = {**os.environ, "VOLTGATE_HOST_GPUS": "a=none,b=none"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base = f"http://{NODE_IP}:{port}"
+    try:
+        _until(lambda: httpx.get(base + "/ready", timeout=5).status_code == 200, log, "every model ready")
+        yield base, log
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _until(check: Callable[[], bool], log: Path, what: str) -> float:
+    """Seconds until `check()` is true (exceptions count as false); fails with the gateway's log after GUARD_S."""
+    start = time.monotonic()
+    while time.monotonic() - start < GUARD_S:
+        try:
+            if check():
+                return time.monotonic() - start
+        except (httpx.HTTPError, openai.APIError):
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"not {what} within {GUARD_S:.0f} s; gateway log:\n{log.read_text(errors='replace')[-6000:]}")
+
+
+def _hosts(base: str) -> dict[str, str | None]:
+    data = httpx.get(base + "/v1/placement", timeout=10).json()
+    return {d["model"]: d["host"] for d in data["decisions"]}
+
+
+def _ask(client: openai.OpenAI, model: str) -> str:
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi."}],
+                                           max_tokens=8, temperature=0)  # fmt: skip
+    return reply.choices[0].message.content or ""
+
+
+def _stream_while_killing(base: str, kill: Callable[[], None]) -> list[str]:
+    """Stream from `beta` and kill its host after the third frame: every SSE data line, to the end."""
+    body = {"model": "beta", "stream": True, "max_tokens": 1500, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]}  # fmt: skip
+    lines: list[str] = []
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=120)) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line.removeprefix("data: "))
+                if len(lines) == 3:
+                    kill()
+    return lines
+
+
+def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
+    local_cluster: LocalCluster, gateway: tuple[str, Path]
+) -> None:
+    import ray
+
+    base, log = gateway
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+    assert _hosts(base) == {"alpha": "a", "beta": "b", "gamma": "b"}
+    assert _ask(client, "alpha") and _ask(client, "beta")  # a request served on each host
+    metrics = httpx.get(base + "/metrics", timeout=10).text
+    assert 'voltgate:model_host{host="b",model="beta"} 1.0' in metrics
+    assert 'voltgate:model_host{host="a",model="alpha"} 1.0' in metrics
+
+    killed: list[float] = []
+
+    def kill_b() -> None:
+        killed.append(time.monotonic())
+        local_cluster.cluster.remove_node(local_cluster.nodes["b"], False)  # SIGKILL: the host dies
+
+    lines = _stream_while_killing(base, kill_b)
+    assert killed, "the stream ended before the host was killed"
+    assert lines[-1] == "[DONE]", lines[-3:]
+    errors = [json.loads(line)["error"] for line in lines[:-1] if '"error"' in line]
+    assert errors, f"no error frame before [DONE]: {lines[-3:]}"
+    stream_cut_s = time.monotonic() - killed[0]
+
+    answered_s = _until(lambda: bool(_ask(client, "beta")), log, "beta answering again after host b's loss")
+    replaced_s = time.monotonic() - killed[0]
+    assert _hosts(base)["beta"] == "a"  # re-placed on the remaining host
+    with pytest.raises(openai.APIStatusError) as refused:
+        _ask(client, "gamma")
+    assert refused.value.status_code == 503
+    message = str(refused.value.body)
+    assert "gamma" in message and "host 'b' is lost" in message, message
+    assert _ask(client, "alpha")  # host a served on throughout
+
+    dead = local_cluster.nodes["b"].node_id
+
+    def b_dead() -> bool:
+        return not any(n["NodeID"] == dead and n["Alive"] for n in ray.nodes())  # type: ignore[no-untyped-call]
+
+    _until(b_dead, log, "host b seen dead by Ray")
+    joined = time.monotonic()
+    node: dict[str, Any] = {"node_ip_address": NODE_IP, "object_store_memory": OBJECT_STORE_BYTES,
+                            "include_dashboard": False}  # fmt: skip
+    local_cluster.nodes["b"] = local_cluster.cluster.add_node(**node, num_cpus=1, resources={host_resource("b"): 1})
+    _until(lambda: bool(_ask(client, "gamma")), log, "gamma served again after host b rejoined")
+    rejoined_s = time.monotonic() - joined
+    assert _hosts(base)["gamma"] == "b"
+    assert _hosts(base)["beta"] == "a"  # nothing serving was moved back
+
+    record = os.environ.get("VOLTGATE_RECORD")
+    if record:  # one JSON line per run (bench/results/2026-12-02-cluster/serve_host_loss.jsonl)
+        with Path(record).open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"date": time.strftime("%Y-%m-%d"), "stream_cut_s": round(stream_cut_s, 2),
+                                  "beta_answers_again_s": round(replaced_s, 2), "beta_polled_s": round(answered_s, 2),
+                                  "gamma_served_after_rejoin_s": round(rejoined_s, 2)}) + "\n")  # fmt: skip

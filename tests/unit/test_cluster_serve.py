@@ -1,0 +1,151 @@
+"""ClusterServing (gateway/cluster/serve.py), the gateway's side of `serve --cluster`, over fake host agents:
+a model goes to its host's HostWorker; a lost host's models are re-placed where they fit and refused with a
+503 naming the model and the lost host where not; a rejoining host gets back what it alone can run. The real
+thing, over Ray with real workers, is tests/ray/test_cluster_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.base import DeploymentPlan
+from backends.llamacpp import LlamaCppAdapter
+from gateway.app import _deployment
+from gateway.cluster import HostLost, HostReport, WorkerReport
+from gateway.cluster.host_worker import HostWorker
+from gateway.cluster.serve import ClusterServing, host_gpus
+from gateway.config import Config, ModelSpec
+from gateway.deployments import Deployment, Registry
+from gateway.errors import GatewayError
+from gateway.lifecycle.workers import WorkerState, request_headers
+from gateway.metrics import Metrics
+from gateway.placement import Inventory
+
+
+class Agent:
+    """A host agent whose workers are READY at once, until `lose()`."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.lost = False
+        self.started: list[str] = []
+
+    def _check(self) -> None:
+        if self.lost:
+            raise HostLost(self.host, "ActorDiedError")
+
+    async def describe(self, paths: Sequence[str] = ()) -> HostReport:
+        self._check()
+        return HostReport(host=self.host, address="127.0.0.1", inventory=Inventory(), files=dict.fromkeys(paths, True))
+
+    async def start_worker(self, plan: DeploymentPlan, token: str, wait_s: float = 600.0) -> WorkerReport:
+        self._check()
+        self.started.append(plan.model)
+        return await self.worker(plan.model)
+
+    async def worker(self, name: str) -> WorkerReport:
+        self._check()
+        return WorkerReport(name=name, state=WorkerState.READY, url=f"http://{self.host}.invalid:1")
+
+    async def stop_worker(self, name: str, grace_s: float = 10.0) -> None:
+        self._check()
+
+
+class Residency:
+    def __init__(self) -> None:
+        self.retired: list[str] = []
+
+    def adopt(self, deployment: Deployment, memory: Any) -> None:
+        deployment.worker.start()
+
+    async def retire(self, deployment: Deployment) -> None:
+        self.retired.append(deployment.name)
+        await deployment.worker.stop()
+
+
+class Discovery:
+    def __init__(self) -> None:
+        self.joined: dict[str, Any] = {}
+
+    async def __call__(self) -> tuple[dict[str, Any], set[str]]:
+        joined, self.joined = self.joined, {}
+        return joined, set()
+
+
+async def _until(check: Any) -> None:
+    for _ in range(400):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 4 s")
+
+
+def test_host_gpus_reads_simulated_layouts() -> None:
+    assert host_gpus("a=2xv100-32gb, b=none") == {"a": "2xv100-32gb", "b": "none"}
+    assert host_gpus("") == {}
+
+
+def test_a_lost_host_is_replaced_where_it_fits_refused_where_not_and_regained(smollm2_path: Path) -> None:
+    source = [{"gguf": str(smollm2_path)}]
+    config = Config.model_validate({"gpus": "none", "models": [
+        {"name": "alpha", "sources": source, "context": 512, "hosts": ["a"]},
+        {"name": "beta", "sources": source, "context": 512},
+        {"name": "gamma", "sources": source, "context": 512, "hosts": ["b"]},
+    ]})  # fmt: skip
+    specs = {spec.name: spec for spec in config.models}
+
+    async def scenario() -> None:
+        discovery = Discovery()
+        serving = ClusterServing(config, discovery, interval_s=0.02, worker_interval_s=0.02)
+        a, b = Agent("a"), Agent("b")
+        await serving.join({"a": a, "b": b})
+        plans, refused = serving.initial()
+        assert refused == {} and serving.assignment == {"alpha": "a", "beta": "b", "gamma": "b"}
+        metrics, registry, residency = Metrics(), Registry(), Residency()
+        placements: list[dict[str, Any]] = []
+        async with httpx.AsyncClient() as client:
+
+            def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
+                return _deployment(plan, spec, LlamaCppAdapter(), client, config, metrics, None, serving)
+
+            for plan in plans:
+                registry.add(make(plan, specs[plan.model]))
+                registry.resolve(plan.model).worker.start()
+            serving.start(registry, residency, make, metrics, placements.append)
+            beta = registry.resolve("beta").worker
+            assert isinstance(beta, HostWorker) and beta.host == "b"
+            await beta.ensure_ready(5)
+            assert beta.base_url() == "http://b.invalid:1"
+            assert request_headers(beta)["Authorization"].startswith("Bearer ")  # the launch secret, every call
+
+            b.lost = True  # host b dies
+            await _until(lambda: serving.assignment.get("beta") == "a")
+            moved = registry.resolve("beta").worker
+            assert isinstance(moved, HostWorker) and moved.host == "a"
+            await moved.ensure_ready(5)
+            assert a.started.count("beta") == 1
+            with pytest.raises(GatewayError) as gone:
+                registry.resolve("gamma")
+            assert gone.value.status == 503
+            assert "'gamma'" in gone.value.message and "its host 'b' is lost" in gone.value.message
+            assert {d["model"]: d["host"] for d in placements[-1]["decisions"]}["gamma"] is None
+            await _until(lambda: sorted(residency.retired) == ["beta", "gamma"])
+            exported = metrics.registry.get_sample_value
+            assert exported("voltgate:model_host", {"model": "beta", "host": "a"}) == 1
+            assert exported("voltgate:model_host", {"model": "beta", "host": "b"}) == 0
+
+            b2 = Agent("b")
+            discovery.joined = {"b": b2}  # host b joins again
+            await _until(lambda: serving.assignment.get("gamma") == "b")
+            assert isinstance(registry.resolve("gamma").worker, HostWorker) and b2.started == ["gamma"]
+            assert serving.assignment["beta"] == "a"  # nothing serving moves back
+            await serving.close()
+            for deployment in registry:
+                await deployment.worker.stop()
+
+    asyncio.run(scenario())
