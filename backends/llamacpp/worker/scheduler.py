@@ -28,6 +28,14 @@ llama.cpp at the start of the next decode) and samples from the same logits row 
 A member admitted later, once the prompt is in a running member's KV, copies that KV, drops the last
 prompt token and decodes just that one again, for its logits. Without a running member it is an ordinary
 request (a free slot may still hold the prompt for prefix reuse).
+
+Images
+------
+A prompt with images (`GenerationRequest.images`) is prefilled chunk by chunk: its text runs go through
+the step's token batch like any prompt tokens, and when a sequence's next position is an image, the
+engine thread evaluates it first (the `ImageEvaluator`: mtmd encodes the image and decodes its
+embeddings into the sequence in a `llama_decode` of its own, since an embeddings batch cannot share one
+with token batches). Requests without images never reach the evaluator and batch as before.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from backends.llamacpp.worker.tickets import (
     Finished,
     FinishReason,
     GenerationRequest,
+    ImageSpan,
     Outbox,
     TextDelta,
     Ticket,
@@ -74,6 +83,9 @@ __all__ = [
 ]
 
 _THROUGHPUT_WINDOW_S = 10.0
+
+ImageEvaluator = Callable[[ImageSpan, int, int], int]
+"""Evaluates an image into a sequence: (image, seq_id, n_past) -> the new n_past; raises NativeError."""
 
 
 class QueueFullError(Exception):
@@ -126,6 +138,7 @@ class Scheduler:
         fill_gaps: bool = False,
         sampling_threads: int = 1,
         on_fatal: Callable[[str], None] | None = None,
+        images: ImageEvaluator | None = None,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -135,6 +148,7 @@ class Scheduler:
         self._fill_gaps = fill_gaps
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
+        self._images = images
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
@@ -265,7 +279,8 @@ class Scheduler:
         prompt = ticket.request.prompt
         slot = pick_slot(self._slots, prompt)
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
-        reuse = self._trim(slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1))
+        shared = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
+        reuse = self._trim(slot, ticket.request.reusable(shared))
         slot.busy = True
         sampling = ticket.request.sampling
         try:
@@ -319,7 +334,10 @@ class Scheduler:
                 continue
             prompt = seq.request.prompt
             start = len(seq.slot.cached)
-            end = start + min(budget, len(prompt) - start)
+            stop = seq.request.text_end(start)  # text up to the next image (evaluated before the batch)
+            if stop == start:
+                continue
+            end = start + min(budget, stop - start)
             runs.append(Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
             used += end - start
         if self._fill_gaps and len(runs) > 1:
@@ -328,6 +346,7 @@ class Scheduler:
         return runs
 
     def _step(self) -> None:
+        image_tokens = self._eval_images()
         batch = self._batch
         batch.clear()
         runs = self._plan()
@@ -339,6 +358,9 @@ class Scheduler:
         # The asyncio side handles the previous step's events while llama_decode runs without the GIL.
         self._outbox.flush()
         if not runs:
+            if image_tokens:
+                with self._cond:
+                    self._counters["prefilled"] += image_tokens
             return
         try:
             self._model.decode(batch)
@@ -346,7 +368,7 @@ class Scheduler:
             self._decode_failed(runs, exc)
             return
         self._drop_fillers(runs)
-        prefilled = 0
+        prefilled = image_tokens
         for run in runs:
             if run.seq is not None:
                 prefilled += len(run.tokens) if run.seq.pending is None else 0
@@ -362,6 +384,29 @@ class Scheduler:
             self._recent.append((now, len(outputs)))
             self._trim_recent(now)
         self._update_kv_stats()
+
+    def _eval_images(self) -> int:
+        """Evaluate every image that is next in a prefilling sequence's prompt; the image tokens decoded."""
+        decoded = 0
+        for seq in [s for s in self._running if s.request.images]:
+            while seq.prefilling and (image := seq.request.image_at(len(seq.slot.cached))) is not None:
+                if not decoded:
+                    self._outbox.flush()  # the previous step's events go out while the image is encoded
+                try:
+                    if self._images is None:
+                        raise NativeError("this worker has no multimodal projector (mmproj)")
+                    n_past = self._images(image, seq.slot.seq_id, image.start)
+                    if n_past != image.end:
+                        raise NativeError(f"the image advanced the position to {n_past}, not {image.end}")
+                except NativeError as exc:
+                    log.error("request %s: image at %d failed: %s", seq.request.request_id, image.start, exc)
+                    self._model.seq_clear(seq.slot.seq_id)
+                    seq.slot.cached.clear()
+                    self._release(seq, Failed(f"evaluating the image failed: {exc}"), aborted=False)
+                    break
+                seq.slot.cached.extend(seq.request.prompt[image.start : image.end])
+                decoded += image.n_tokens
+        return decoded
 
     def _hand_over_prompts(self, outputs: list[tuple[SeqState, int, int]]) -> list[tuple[SeqState, int, int]]:
         """Leaders whose prompt was just decoded give their parked followers its KV and logits row."""
