@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends.request import EngineMessage, EngineRequest
+from backends.request import EngineImage, EngineMessage, EngineRequest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.requests import (
     AssistantMessage,
@@ -32,6 +32,8 @@ def _message(message: Any) -> EngineMessage:
         return EngineMessage(role="assistant", content=content, name=message.name, tool_calls=calls)
     if isinstance(message, ToolMessage):
         return EngineMessage(role="tool", content=message.text(), tool_call_id=message.tool_call_id)
+    if role == "user":
+        return EngineMessage(role=role, content=message.text_with_images(), name=message.name)
     return EngineMessage(role=role, content=message.text(), name=message.name)
 
 
@@ -82,6 +84,7 @@ def build_engine_request(
     model: str,
     max_tokens: int | None = None,
     defaults: Mapping[str, float | int] | None = None,
+    images: tuple[EngineImage, ...] = (),
 ) -> EngineRequest:
     """The engine request for `parsed` (with `max_tokens` from `token_limit`, and the model's sampling
     `defaults` for the fields it leaves out); a combination the engine request refuses is a 400 naming it."""
@@ -95,6 +98,7 @@ def build_engine_request(
         body["messages"] = tuple(_message(m) for m in parsed.messages)
         body["continue_final_message"] = parsed.continues_reply
         body["response_format"] = parsed.response_format
+        body["images"] = images
         if parsed.tools:
             body["tools"] = tuple(parsed.tools)
             body["tool_choice"] = parsed.tool_choice

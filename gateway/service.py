@@ -26,7 +26,7 @@ import httpx
 from starlette.requests import Request
 
 from backends.base import RequestKind
-from backends.request import EngineRequest
+from backends.request import EngineImage, EngineRequest
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.embedding_requests import build_embedding_request
@@ -40,6 +40,7 @@ from gateway.protocol.rerank import RerankRequest, RerankResponse
 from gateway.relay import transport_error, upstream_error_to_gateway
 from gateway.residency import Residency
 from gateway.session import CLIENT_GONE, PATHS, RequestContext, RequestScope, StreamSession, account
+from gateway.vision_parts import ImageIntake
 
 __all__ = ["RequestContext", "Service", "StreamSession", "UnaryResult"]
 
@@ -69,11 +70,13 @@ class Service:
         settings: ServerSettings,
         metrics: Metrics,
         residency: Residency | None = None,
+        images: ImageIntake | None = None,
     ):
         self.registry = registry
         self.client = client
         self.settings = settings
         self.metrics = metrics
+        self.images = images or ImageIntake()
         self.residency = residency or Residency(registry, settings, metrics, Pools({HOST: None}, NoProbe()))
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
 
@@ -94,7 +97,10 @@ class Service:
         try:
             ctx.principal.check_model(deployment.name, deployment.aliases)
             self._check_capabilities(ctx.kind, parsed, deployment)
-            body = self._engine_body(parsed, deployment, api=ctx.api)
+            images = await self.images.engine_images(
+                parsed, model=deployment.name, vision=deployment.capabilities.vision
+            )
+            body = self._engine_body(parsed, deployment, api=ctx.api, images=images)
             self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
             ctx.principal.admit()
         except GatewayError as exc:
@@ -147,7 +153,14 @@ class Service:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"{name} has no tool-call parser configured",
                                param="tools")  # fmt: skip
 
-    def _engine_body(self, parsed: ServedRequest, deployment: Deployment, *, api: str | None = None) -> dict[str, Any]:
+    def _engine_body(
+        self,
+        parsed: ServedRequest,
+        deployment: Deployment,
+        *,
+        api: str | None = None,
+        images: tuple[EngineImage, ...] = (),
+    ) -> dict[str, Any]:
         if isinstance(parsed, EmbeddingRequest):
             model = deployment.plan.remote_model or deployment.plan.model
             return build_embedding_request(parsed, model=model, truncate=deployment.plan.embed_truncate).wire()
@@ -165,7 +178,7 @@ class Service:
         )
         model = deployment.plan.remote_model or deployment.plan.model
         engine_request: EngineRequest = build_engine_request(
-            parsed, model=model, max_tokens=limit, defaults=deployment.sampling
+            parsed, model=model, max_tokens=limit, defaults=deployment.sampling, images=images
         )
         return deployment.adapter.translate_request(engine_request)
 

@@ -84,7 +84,11 @@ class LlamaCppAdapter:
             env=env,
             health_path="/health",
             startup_timeout_s=self._startup_timeout_s,
-            fatal_log_patterns=(r"failed to load model", r"CUDA error: out of memory", r"failed to load the multimodal"),
+            fatal_log_patterns=(
+                r"failed to load model",
+                r"CUDA error: out of memory",
+                r"failed to load the multimodal",
+            ),
         )
 
     def translate_request(self, request: EngineRequest) -> dict[str, Any]:

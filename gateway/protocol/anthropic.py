@@ -24,6 +24,31 @@ class TextBlock(Body):
     text: str
 
 
+class Base64Source(Body):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(Body):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(Body):
+    """An image (user turns): base64, or a URL fetched by the gateway only where the operator allows it."""
+
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+
+    def url(self) -> str:
+        """The image as a chat `image_url`: a data URI for base64 (its media type checked against the bytes)."""
+        source = self.source
+        if isinstance(source, UrlSource):
+            return source.url
+        return f"data:{source.media_type};base64,{source.data}"
+
+
 ResultContent = Annotated[
     Annotated[TextBlock, Tag("text")] | Annotated[Refused, Tag("other")], type_tag(frozenset({"text"}))
 ]
@@ -52,8 +77,9 @@ ContentBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ImageBlock, Tag("image")]
     | Annotated[Refused, Tag("other")],
-    type_tag(frozenset({"text", "tool_use", "tool_result"})),
+    type_tag(frozenset({"text", "tool_use", "tool_result", "image"})),
 ]
 
 
@@ -165,6 +191,8 @@ def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
         return [(f"{where}.type", "system messages hold text blocks only")]
     if isinstance(block, Refused):
         return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
+    if isinstance(block, ImageBlock) and role != "user":
+        return [(f"{where}.type", "image blocks belong to user messages")]
     if isinstance(block, ToolUseBlock) and role != "assistant":
         return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
     if isinstance(block, ToolResultBlock):

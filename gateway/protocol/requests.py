@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backends.request import (
+    IMAGE_MARKER,
     STOP_LIMIT,
     Choices,
     LogitBias,
@@ -58,14 +59,31 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str = Field(min_length=1, description="a data URI, or an http(s) URL the operator allows")
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the models here have one resolution
+
+
+class ImageUrlPart(_Strict):
+    """An image (user messages only): checked and decoded by the gateway (gateway/vision_parts.py)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _bare_url(cls, value: Any) -> Any:  # some clients send the URL as a string
+        return {"url": value} if isinstance(value, str) else value
+
+
 class _OtherPart(BaseModel):
-    """Any non-text content part (image_url, input_audio, file): recognised only to be refused by name."""
+    """Any other non-text content part (input_audio, file): recognised only to be refused by name."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    type: Literal["image_url", "input_audio", "file", "refusal"]
+    type: Literal["input_audio", "file", "refusal"]
 
 
-ContentPart = Annotated[TextPart | _OtherPart, Field(discriminator="type")]
+ContentPart = Annotated[TextPart | ImageUrlPart | _OtherPart, Field(discriminator="type")]
 
 
 class _Message(_Body):
@@ -78,6 +96,24 @@ class _Message(_Body):
         if isinstance(content, str):
             return content
         return "".join(part.text for part in content if isinstance(part, TextPart))
+
+    def text_with_images(self) -> str:
+        """The text with `IMAGE_MARKER` where each image part was (the engine request's `images` fill them)."""
+        content = getattr(self, "content", None)
+        if not isinstance(content, list):
+            return self.text()
+        return "".join(
+            part.text if isinstance(part, TextPart) else IMAGE_MARKER
+            for part in content
+            if isinstance(part, TextPart | ImageUrlPart)
+        )
+
+    def image_parts(self) -> list[tuple[int, ImageUrlPart]]:
+        """The message's image parts with their index in `content`."""
+        content = getattr(self, "content", None)
+        if not isinstance(content, list):
+            return []
+        return [(j, part) for j, part in enumerate(content) if isinstance(part, ImageUrlPart)]
 
 
 class SystemMessage(_Message):
@@ -280,6 +316,8 @@ def _message_problems(messages: list[Any]) -> list[tuple[str, str]]:
         content = getattr(message, "content", None)
         if isinstance(content, list):
             for j, part in enumerate(content):
+                if isinstance(part, ImageUrlPart) and message.role != "user":
+                    problems.append((f"messages[{i}].content[{j}].type", "images are accepted in user messages only"))
                 if isinstance(part, _OtherPart) and not (part.type == "refusal" and message.role == "assistant"):
                     problems.append(
                         (f"messages[{i}].content[{j}].type", f"content parts of type {part.type!r} are not supported")

@@ -20,12 +20,12 @@ from types import FrameType
 
 import uvicorn
 
+from backends.llamacpp.worker.auth import require_token
 from backends.llamacpp.worker.chat_server import WorkerSpec, create_app
 from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
 from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
 from backends.llamacpp.worker.native import ContextOptions
-from backends.llamacpp.worker.auth import require_token
 
 log = logging.getLogger("voltgate.worker")
 
@@ -50,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, type=Path, help="GGUF file")
     p.add_argument("--model-name", required=True, help="the name clients use in `model`")
     p.add_argument(
-        "--mmproj", type=Path, default=None, help="multimodal projector GGUF (llama.cpp's mmproj): requests may carry images"
+        "--mmproj",
+        type=Path,
+        default=None,
+        help="multimodal projector GGUF (llama.cpp's mmproj): requests may carry images",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", required=True, type=int)
