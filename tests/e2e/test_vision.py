@@ -189,25 +189,52 @@ def test_bad_images_are_a_clear_400_and_the_next_request_works(gateway: Gateway,
     assert chat(gateway, RED).choices[0].message.content  # nothing broke
 
 
-def test_an_image_request_is_served_beside_a_text_request(gateway: Gateway) -> None:
-    answers: dict[str, Any] = {}
+def test_an_image_request_is_batched_beside_a_text_request(gateway: Gateway) -> None:
+    """Both stream at once on the worker's two slots: each gets tokens while the other is still going."""
+    events: list[tuple[str, str]] = []
+    usage: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def ask(name: str, image: bytes | None) -> None:
-        answers[name] = gateway.client().chat.completions.create(
+        stream = gateway.client().chat.completions.create(
             model=VLM,
             messages=[{"role": "user", "content": chat_content(image)}],  # type: ignore[list-item,misc]
             temperature=0,
-            max_tokens=24,
+            max_tokens=48,
+            stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage[name] = chunk.usage
+            elif chunk.choices and chunk.choices[0].delta.content:
+                with lock:
+                    events.append((name, "token"))
 
     threads = [threading.Thread(target=ask, args=("image", BLUE)), threading.Thread(target=ask, args=("text", None))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert answers["image"].usage.completion_tokens == 24 and answers["text"].usage.completion_tokens == 24
-    assert answers["image"].usage.prompt_tokens == answers["text"].usage.prompt_tokens + IMAGE_TOKENS
-    # Both ran at once on the worker's two slots: the worker's health counts two requests done together.
-    health = httpx.get(gateway.url + "/health", timeout=10)
-    assert health.status_code == 200
+    assert usage["image"].completion_tokens == 48 and usage["text"].completion_tokens == 48
+    assert usage["image"].prompt_tokens == usage["text"].prompt_tokens + IMAGE_TOKENS
+    order = [name for name, _ in events]
+    last = {name: max(i for i, n in enumerate(order) if n == name) for name in ("image", "text")}
+    first = {name: order.index(name) for name in ("image", "text")}
+    assert first["text"] < last["image"] and first["image"] < last["text"], order
+
+
+def test_anthropic_errors_for_images_come_in_anthropics_shape(gateway: Gateway) -> None:
+    url_block = {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/cat.png"}}
+    for model, block, expected in (
+        (VLM, url_block, "10.0.0.1"),
+        (TEXT, {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(RED).decode()}}, "vision"),
+    ):  # fmt: skip
+        body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": [block]}]}
+        response = httpx.post(gateway.url + "/v1/messages", json=body, timeout=60)
+        assert response.status_code == 400, response.text[:300]
+        error = response.json()
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert expected in error["error"]["message"]
