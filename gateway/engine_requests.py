@@ -1,7 +1,8 @@
 """From a validated OpenAI request to the one typed `EngineRequest` every worker accepts.
 
 Mapping that belongs to the gateway happens here, once: the `developer` role becomes `system` (every chat
-template knows `system`), content parts are flattened to text, `max_completion_tokens` wins over
+template knows `system`), content parts are flattened to text (an image part leaves `IMAGE_MARKER`; the
+images, checked by `gateway.vision_parts`, ride in `images`), `max_completion_tokens` wins over
 `max_tokens`, the server's length defaults apply, the engine is always asked for usage when streaming
 (for exact token metrics), and the public model name becomes the one the worker knows.
 """

@@ -4,8 +4,9 @@ Validated before translation to the gateway's chat request. Hints with no meanin
 on blocks, `service_tier`, `speed`, `output_config.effort`) are ignored. `thinking` is accepted when it
 leaves thinking to the model (`disabled`, `adaptive`: a model that never thinks satisfies both) and
 refused when it demands a thinking budget (`enabled`, ...), since no engine here produces thinking
-blocks. Images, documents, server tools (web search, code execution, ...), MCP servers and containers
-are recognised and named by `unsupported()`, which the route turns into a 400.
+blocks. `image` blocks in user turns become chat image parts (docs/vision.md). Documents, server tools
+(web search, code execution, ...), MCP servers and containers are recognised and named by `unsupported()`,
+which the route turns into a 400.
 """
 
 from __future__ import annotations

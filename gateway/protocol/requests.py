@@ -1,7 +1,7 @@
 """Request bodies for /v1/chat/completions, /v1/completions and /v1/embeddings, validated strictly.
 
-What no engine here can honour (n > 1, logprobs, image parts, legacy functions, ...) is refused with a 400
-that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
+What no engine here can honour (audio and file parts, images outside user messages, legacy functions, ...) is
+refused with a 400 that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
 no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's own API does.
 """
 

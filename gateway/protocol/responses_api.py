@@ -6,7 +6,8 @@ unknown fields. A `namespace` tool is a group of function tools and is served (s
 web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
 ignored: no engine here has a reasoning budget, so every effort is served the same way and the Response
 echoes `reasoning.effort: null` to say none was applied. What no engine can honour (other built-in tools,
-background mode, conversations, prompt templates, image/file/audio inputs, item references, logprobs) is
+background mode, conversations, prompt templates, file/audio inputs and `input_image` by `file_id`, item
+references, logprobs) is
 recognised and named by `unsupported()`, which the route turns into a 400.
 """
 
