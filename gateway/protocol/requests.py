@@ -1,8 +1,9 @@
 """Request bodies for /v1/chat/completions, /v1/completions and /v1/embeddings, validated strictly.
 
-What no engine here can honour (audio and file parts, images outside user messages, legacy functions, ...) is
-refused with a 400 that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
-no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's own API does.
+What no engine here can honour (audio and file parts, images outside user messages, legacy functions, ...)
+is refused with a 400 that names the parameter; nothing a client asked for is silently dropped. Unknown
+top-level fields that carry no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like
+OpenAI's own API does.
 """
 
 from __future__ import annotations

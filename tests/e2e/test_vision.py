@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 from PIL import Image
 
 from tests.conftest import free_port
@@ -71,9 +72,12 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _yaml(value: dict[str, Any]) -> str:
-    import yaml
-
     return str(yaml.safe_dump(value))
+
+
+def user_turn(content: list[dict[str, Any]]) -> Any:
+    """One user message holding `content` (typed loosely: each SDK has its own TypedDicts for it)."""
+    return [{"role": "user", "content": content}]
 
 
 def chat_content(image: bytes | None) -> list[dict[str, Any]]:
@@ -87,7 +91,7 @@ def chat_content(image: bytes | None) -> list[dict[str, Any]]:
 def chat(gateway: Gateway, image: bytes | None, model: str = VLM) -> Any:
     return gateway.client().chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": chat_content(image)}],  # type: ignore[list-item,misc]
+        messages=user_turn(chat_content(image)),
         logprobs=True,
         top_logprobs=3,
         **GREEDY,
@@ -120,7 +124,7 @@ def test_a_responses_input_image_is_answered_in_the_responses_shape(gateway: Gat
                {"type": "input_text", "text": QUESTION}]  # fmt: skip
     response = gateway.client().responses.create(
         model=VLM,
-        input=[{"role": "user", "content": content}],  # type: ignore[list-item,misc]
+        input=user_turn(content),
         max_output_tokens=4,
         temperature=0,
     )
@@ -133,11 +137,11 @@ def test_an_anthropic_image_block_is_answered_as_a_message(gateway: Gateway) -> 
     client = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=120)
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": base64.b64encode(RED).decode()}}  # fmt: skip
-    content = [image, {"type": "text", "text": QUESTION}]
+    content: list[dict[str, Any]] = [image, {"type": "text", "text": QUESTION}]
 
     def ask(blocks: list[dict[str, Any]]) -> anthropic.types.Message:
         return client.messages.create(
-            model=VLM, max_tokens=4, messages=[{"role": "user", "content": blocks}],  # type: ignore[typeddict-item]
+            model=VLM, max_tokens=4, messages=user_turn(blocks),
             extra_body={"temperature": 0},
         )  # fmt: skip
 
@@ -162,7 +166,7 @@ def _truncated_png() -> bytes:
     return RED[: len(RED) // 2]
 
 
-BAD_IMAGES = {
+BAD_IMAGES: dict[str, tuple[Callable[[], str], str]] = {
     "truncated PNG": (lambda: data_uri(_truncated_png()), "truncated"),
     "50 MB image": (lambda: "data:image/png;base64," + "A" * 50_000_000, "MiB"),
     "URL to 127.0.0.1": (lambda: "http://127.0.0.1:9/cat.png", "127.0.0.1"),
@@ -178,8 +182,15 @@ def test_bad_images_are_a_clear_400_and_the_next_request_works(gateway: Gateway,
     body = {
         "model": VLM,
         "max_tokens": 2,
-        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": make_url()}},
-                                                   {"type": "text", "text": QUESTION}]}],  # fmt: skip
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": make_url()}},
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ],
     }
     response = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text[:500]
@@ -198,7 +209,7 @@ def test_an_image_request_is_batched_beside_a_text_request(gateway: Gateway) -> 
     def ask(name: str, image: bytes | None) -> None:
         stream = gateway.client().chat.completions.create(
             model=VLM,
-            messages=[{"role": "user", "content": chat_content(image)}],  # type: ignore[list-item,misc]
+            messages=user_turn(chat_content(image)),
             temperature=0,
             max_tokens=48,
             stream=True,
