@@ -49,6 +49,7 @@ def data_uri(data: bytes, media_type: str = "image/png") -> str:
 
 
 RED, BLUE = png((220, 20, 20)), png((20, 20, 220))
+GREEN = png((20, 200, 20))  # used by one test only, so no earlier request has it cached
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +110,25 @@ def test_models_show_vision_only_for_the_model_with_a_projector(gateway: Gateway
 
 
 def test_a_chat_image_adds_its_tokens_and_changes_the_answer(gateway: Gateway) -> None:
-    text_only, red, blue, red_again = chat(gateway, None), chat(gateway, RED), chat(gateway, BLUE), chat(gateway, RED)
+    text_only, red, green, red_again = chat(gateway, None), chat(gateway, RED), chat(gateway, GREEN), chat(gateway, RED)
     assert red.usage.prompt_tokens == text_only.usage.prompt_tokens + IMAGE_TOKENS
-    assert blue.usage.prompt_tokens == red.usage.prompt_tokens
+    assert green.usage.prompt_tokens == red.usage.prompt_tokens
     assert red.choices[0].message.content
-    assert _logprobs(red) != _logprobs(blue)  # the picture reaches the model
+    assert _logprobs(red) != _logprobs(green)  # the picture reaches the model
     assert _logprobs(red) == _logprobs(red_again)  # and the same picture gives the same answer
-    # The second red reused the first's KV, image included; blue could reuse only the text before it.
+    # The second red reused the first's KV, image included; green could reuse only the text before it.
     assert red_again.usage.prompt_tokens_details.cached_tokens > red.usage.prompt_tokens - 4
+    assert green.usage.prompt_tokens_details.cached_tokens < text_only.usage.prompt_tokens
+
+
+def test_choices_of_one_image_prompt_share_it(gateway: Gateway) -> None:
+    """n = 2 prefills the image once and copies the KV: at temperature 0 both choices are the single answer."""
+    single = chat(gateway, BLUE)
+    double = gateway.client().chat.completions.create(
+        model=VLM, messages=user_turn(chat_content(BLUE)), n=2, logprobs=True, top_logprobs=3, **GREEDY
+    )
+    assert [c.message.content for c in double.choices] == [single.choices[0].message.content] * 2
+    assert double.usage is not None and double.usage.prompt_tokens == single.usage.prompt_tokens
 
 
 def test_a_responses_input_image_is_answered_in_the_responses_shape(gateway: Gateway) -> None:

@@ -29,13 +29,7 @@ A member admitted later, once the prompt is in a running member's KV, copies tha
 prompt token and decodes just that one again, for its logits. Without a running member it is an ordinary
 request (a free slot may still hold the prompt for prefix reuse).
 
-Images
-------
-A prompt with images (`GenerationRequest.images`) is prefilled chunk by chunk: its text runs go through
-the step's token batch like any prompt tokens, and when a sequence's next position is an image, the
-engine thread evaluates it first (the `ImageEvaluator`: mtmd encodes the image and decodes its
-embeddings into the sequence in a `llama_decode` of its own, since an embeddings batch cannot share one
-with token batches). Requests without images never reach the evaluator and batch as before.
+Images: see `image_step` (evaluated alone before each step's batch; text-only requests never meet them).
 """
 
 from __future__ import annotations
@@ -48,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
@@ -57,7 +52,6 @@ from backends.llamacpp.worker.tickets import (
     Finished,
     FinishReason,
     GenerationRequest,
-    ImageSpan,
     Outbox,
     TextDelta,
     Ticket,
@@ -83,9 +77,6 @@ __all__ = [
 ]
 
 _THROUGHPUT_WINDOW_S = 10.0
-
-ImageEvaluator = Callable[[ImageSpan, int, int], int]
-"""Evaluates an image into a sequence: (image, seq_id, n_past) -> the new n_past; raises NativeError."""
 
 
 class QueueFullError(Exception):
@@ -358,9 +349,6 @@ class Scheduler:
         # The asyncio side handles the previous step's events while llama_decode runs without the GIL.
         self._outbox.flush()
         if not runs:
-            if image_tokens:
-                with self._cond:
-                    self._counters["prefilled"] += image_tokens
             return
         try:
             self._model.decode(batch)
@@ -386,26 +374,10 @@ class Scheduler:
         self._update_kv_stats()
 
     def _eval_images(self) -> int:
-        """Evaluate every image that is next in a prefilling sequence's prompt; the image tokens decoded."""
-        decoded = 0
-        for seq in [s for s in self._running if s.request.images]:
-            while seq.prefilling and (image := seq.request.image_at(len(seq.slot.cached))) is not None:
-                if not decoded:
-                    self._outbox.flush()  # the previous step's events go out while the image is encoded
-                try:
-                    if self._images is None:
-                        raise NativeError("this worker has no multimodal projector (mmproj)")
-                    n_past = self._images(image, seq.slot.seq_id, image.start)
-                    if n_past != image.end:
-                        raise NativeError(f"the image advanced the position to {n_past}, not {image.end}")
-                except NativeError as exc:
-                    log.error("request %s: image at %d failed: %s", seq.request.request_id, image.start, exc)
-                    self._model.seq_clear(seq.slot.seq_id)
-                    seq.slot.cached.clear()
-                    self._release(seq, Failed(f"evaluating the image failed: {exc}"), aborted=False)
-                    break
-                seq.slot.cached.extend(seq.request.prompt[image.start : image.end])
-                decoded += image.n_tokens
+        """The image step (`image_step`); the image tokens decoded (counted with the step's prefill)."""
+        decoded, failed = eval_images(self._running, self._images, self._model, self._outbox.flush)
+        for seq, message in failed:
+            self._release(seq, Failed(message), aborted=False)
         return decoded
 
     def _hand_over_prompts(self, outputs: list[tuple[SeqState, int, int]]) -> list[tuple[SeqState, int, int]]:
@@ -474,7 +446,7 @@ class Scheduler:
     def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
         self._running.remove(seq)
-        self._unlink(seq)
+        seq.leave_group()
         if seq.sampler is not None:
             seq.sampler.close()
         seq.slot.busy = False
@@ -499,19 +471,6 @@ class Scheduler:
         elif isinstance(event, Failed):
             log.error("request %s failed: %s", seq.request.request_id, event.message)
         self._outbox.put(seq.ticket, event)
-
-    @staticmethod
-    def _unlink(seq: SeqState) -> None:
-        """A leaving parked follower leaves its leader; a leaving leader hands its followers to the first."""
-        if seq.leader is not None:
-            seq.leader.followers.remove(seq)
-            seq.leader = None
-        if seq.followers:
-            heir, *rest = seq.followers
-            heir.leader, heir.followers = None, rest
-            for follower in rest:
-                follower.leader = heir
-            seq.followers = []
 
     def _usage(self, seq: SeqState) -> Usage:
         return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)
