@@ -40,13 +40,17 @@ class ImageBlock(Body):
     """An image (user turns): base64, or a URL fetched by the gateway only where the operator allows it."""
 
     type: Literal["image"]
-    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+    source: Annotated[
+        Annotated[Base64Source, Tag("base64")] | Annotated[UrlSource, Tag("url")] | Annotated[Refused, Tag("other")],
+        type_tag(frozenset({"base64", "url"})),
+    ]
 
     def url(self) -> str:
         """The image as a chat `image_url`: a data URI for base64 (its media type checked against the bytes)."""
         source = self.source
         if isinstance(source, UrlSource):
             return source.url
+        assert isinstance(source, Base64Source), "refused by unsupported()"
         return f"data:{source.media_type};base64,{source.data}"
 
 
@@ -194,6 +198,9 @@ def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
         return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
     if isinstance(block, ImageBlock) and role != "user":
         return [(f"{where}.type", "image blocks belong to user messages")]
+    if isinstance(block, ImageBlock) and isinstance(block.source, Refused):
+        return [(f"{where}.source.type", f"image sources of type {block.source.type!r} are not supported: "
+                 "send base64 or url")]  # fmt: skip
     if isinstance(block, ToolUseBlock) and role != "assistant":
         return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
     if isinstance(block, ToolResultBlock):
