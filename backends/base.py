@@ -88,6 +88,7 @@ class DeploymentPlan(_Frozen):
     )
     matryoshka: bool = Field(default=False, description="embed: vectors may be cut to `dimensions`")
     embed_truncate: bool = Field(default=False, description="embed: cut over-long inputs instead of refusing them")
+    mmproj: Path | None = Field(default=None, description="llama.cpp: the multimodal projector (images in chat)")
 
 
 class LaunchSpec(_Frozen):

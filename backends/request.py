@@ -12,6 +12,8 @@ with little or no translation.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -102,8 +104,46 @@ class ToolCall(_Frozen):
     function: FunctionCall
 
 
+IMAGE_MARKER = "<__media__>"
+"""Where an image was in a message's text (llama.cpp's multimodal default marker, as llama-server uses it):
+the engine request's `images` fill the markers of its messages in order."""
+
+ImageMediaType = Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
+
+
+class EngineImage(_Frozen):
+    """An image part, already decoded and checked by the gateway (`gateway/images.py`): its original bytes,
+    base64 on the wire, and their SHA-256."""
+
+    media_type: ImageMediaType
+    data: str = Field(min_length=1, description="the encoded image, standard base64")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("data")
+    @classmethod
+    def _base64(cls, data: str) -> str:
+        try:
+            base64.b64decode(data, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"images: data is not base64 ({exc})") from exc
+        return data
+
+    @classmethod
+    def of(cls, media_type: ImageMediaType, raw: bytes, digest: str) -> EngineImage:
+        return cls(media_type=media_type, data=base64.b64encode(raw).decode("ascii"), digest=digest)
+
+    def raw(self) -> bytes:
+        return base64.b64decode(self.data)
+
+    def data_uri(self) -> str:
+        return f"data:{self.media_type};base64,{self.data}"
+
+
 class EngineMessage(_Frozen):
-    """A chat message with its content flattened to text; `tool` messages carry their call's id."""
+    """A chat message with its content flattened to text; `tool` messages carry their call's id.
+
+    An image part leaves an `IMAGE_MARKER` in the text where it was (the image is in `EngineRequest.images`).
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
@@ -166,6 +206,9 @@ class EngineRequest(_Frozen):
     continue_final_message: bool = Field(
         default=False, description="the last (assistant) message is continued, not followed by a new turn"
     )
+    images: tuple[EngineImage, ...] = Field(
+        default=(), description="the messages' images, in the order of their IMAGE_MARKERs in the text"
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> EngineRequest:
@@ -173,6 +216,10 @@ class EngineRequest(_Frozen):
             raise ValueError("exactly one of 'messages' and 'prompt' is required")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
+        if self.images:
+            markers = sum((m.content or "").count(IMAGE_MARKER) for m in self.messages or ())
+            if markers != len(self.images):
+                raise ValueError(f"the messages hold {markers} image markers for {len(self.images)} images")
         return self
 
     @field_validator("tool_choice")

@@ -44,6 +44,7 @@ from gateway.routes.context import AppContext
 from gateway.service import Service
 from gateway.store import ResponseStore
 from gateway.translate.messages import anthropic_error_body
+from gateway.vision_parts import ImageIntake
 
 if TYPE_CHECKING:
     from gateway.cluster.serve import ClusterServing
@@ -101,7 +102,7 @@ def create_app(
 
             for plan in plans:
                 registry.add(make(plan, specs[plan.model]))
-            service = Service(registry, client, config.server, metrics, residency)
+            service = Service(registry, client, config.server, metrics, residency, ImageIntake(config.images))
             store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
             context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)

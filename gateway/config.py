@@ -13,6 +13,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
+from gateway.images import ImageLimits
 
 PACKAGE_PREFIX = "package:"
 
@@ -78,6 +79,17 @@ def resolve_location(location: str, base_dir: Path) -> Path:
     return path if path.is_absolute() else (base_dir / path)
 
 
+def mmproj_path(setting: str | Literal[False] | None, gguf: Path, base_dir: Path) -> Path | None:
+    """A llama.cpp model's projector: the `mmproj` key's file, or (key unset) the one `*mmproj*.gguf` beside
+    the GGUF (none or several: None, text only); `mmproj: false` is text only."""
+    if setting is False:
+        return None
+    if isinstance(setting, str):
+        return resolve_location(setting, base_dir)
+    found = sorted(p for p in gguf.parent.glob("*mmproj*.gguf") if p != gguf) if gguf.parent.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
 def package_resource(package: str, resource: str) -> Path:
     """A data file inside an installed package, found with importlib.resources without running the package.
 
@@ -102,7 +114,12 @@ def package_resource(package: str, resource: str) -> Path:
 class ServerSettings(_Spec):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_body_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="larger bodies get 413; above images.max_total_bytes (48 MiB) plus the text, so a request "
+        "with images meets the image checks first",
+    )
     max_tokens_cap: int | None = Field(default=None, ge=1, description="upper bound on max_tokens per request")
     max_tokens_over_cap: Literal["reject", "clamp"] = Field(
         default="reject", description="a request over the cap: 400 naming the field, or served with the cap"
@@ -253,6 +270,11 @@ class ModelSpec(_Spec):
     )
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
+    mmproj: str | Literal[False] | None = Field(
+        default=None,
+        description="llama.cpp: the multimodal projector GGUF (images in chat); null: one `*mmproj*.gguf` "
+        "beside the model's GGUF if there is exactly one; false: serve text only",
+    )
     load: Literal["always", "on_demand"] = Field(
         default="always",
         description="always: started at boot, never evicted; on_demand: started by its first request, may be evicted",
@@ -321,6 +343,9 @@ class ModelSpec(_Spec):
 
 class Config(_Spec):
     server: ServerSettings = ServerSettings()
+    images: ImageLimits = Field(
+        default_factory=lambda: ImageLimits(), description="image parts: per-request limits, remote URL policy"
+    )
     gpus: str = Field(default="auto", description="'auto' (NVML), 'none', or a layout such as '2xv100-16gb'")
     auth: AuthSettings = AuthSettings()
     placement: PlacementSettings = PlacementSettings()

@@ -4,7 +4,8 @@ Each gateway request type builds its engine request itself (`to_engine(target)`,
 build their `SamplingParams`) and checks it against what the engine can honour (`check(capabilities,
 label)`); this module holds what they share: the deployment's side of the translation (the name the worker
 knows, the length defaults and cap, the model's sampling defaults) and the refusal of a kind the engine does
-not serve. It imports no wire type, so `gateway.protocol` can import it.
+not serve. An image part leaves `IMAGE_MARKER` in the text and rides in `images`. It imports no wire
+type, so `gateway.protocol` can import it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from backends.base import EngineCapabilities
-from backends.request import ENGINE_PATHS, RequestKind
+from backends.request import ENGINE_PATHS, EngineImage, RequestKind
 from gateway.errors import ErrorCode, GatewayError
 
 
@@ -33,6 +34,7 @@ class EngineTarget:
     clamp: bool = False
     sampling: Mapping[str, float | int] = field(default_factory=dict)
     embed_truncate: bool = False
+    images: tuple[EngineImage, ...] = ()  # the request's images, checked by `gateway.vision_parts`
 
     def max_tokens(self, requested: int | None, param: str = "max_tokens") -> int | None:
         """max_tokens for the engine: the request's (`param` names the field it came in), else the model's

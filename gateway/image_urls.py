@@ -105,7 +105,8 @@ class RemoteImageFetcher:
         except TimeoutError:
             raise _invalid(f"fetching the image URL took longer than {self.options.timeout_s:g} s", param) from None
         # The bytes decide the format: servers often label images loosely (a JPEG sent as image/png).
-        return budget.add(decode_image(data, None, budget.limits, param=param), param=param)
+        image = await asyncio.to_thread(decode_image, data, None, budget.limits, param=param)  # CPU work
+        return budget.add(image, param=param)
 
     async def _fetch(self, url: str, max_bytes: int, param: str | None) -> bytes:
         async with httpx.AsyncClient(transport=self._transport, follow_redirects=False, trust_env=False) as client:

@@ -21,6 +21,7 @@ import contextlib
 import httpx
 from starlette.requests import Request
 
+from backends.request import EngineImage
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.engine_requests import EngineTarget
@@ -32,6 +33,7 @@ from gateway.protocol.served import ServedRequest
 from gateway.session import RequestContext, RequestScope, StreamSession, account
 from gateway.unary import Translate, UnaryCall, UnaryResult
 from gateway.upstream import Upstream
+from gateway.vision_parts import ImageIntake
 
 __all__ = ["RequestContext", "Service", "StreamSession", "Translate", "UnaryResult"]
 
@@ -48,11 +50,13 @@ class Service:
         settings: ServerSettings,
         metrics: Metrics,
         residency: Residency | None = None,
+        images: ImageIntake | None = None,
     ):
         self.registry = registry
         self.client = client
         self.settings = settings
         self.metrics = metrics
+        self.images = images or ImageIntake()
         self.residency = residency or Residency(registry, settings, metrics, Pools({HOST: None}, NoProbe()))
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
         self._upstreams: dict[str, Upstream] = {}
@@ -74,7 +78,10 @@ class Service:
         try:
             ctx.principal.check_model(deployment.name, deployment.aliases)
             parsed.check(deployment.capabilities, f"model {deployment.name!r} ({deployment.plan.engine.value})")
-            engine = parsed.to_engine(self._target(deployment, ctx.api))
+            images = await self.images.engine_images(
+                parsed, model=deployment.name, vision=deployment.capabilities.vision
+            )
+            engine = parsed.to_engine(self._target(deployment, ctx.api, images))
             self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
             ctx.principal.admit()
         except GatewayError as exc:
@@ -100,7 +107,7 @@ class Service:
             upstream = self._upstreams[deployment.name] = Upstream(deployment, self.client, self._upstream_timeout)
         return upstream
 
-    def _target(self, deployment: Deployment, api: str | None) -> EngineTarget:
+    def _target(self, deployment: Deployment, api: str | None, images: tuple[EngineImage, ...] = ()) -> EngineTarget:
         """The deployment's side of the translation. A model's `default_max_tokens` keeps chat frontends'
         background tasks short; an agent on the Responses API that sets no `max_output_tokens` gets what OpenAI
         gives: up to the context."""
@@ -112,6 +119,7 @@ class Service:
             clamp=self.settings.max_tokens_over_cap == "clamp",
             sampling=deployment.sampling,
             embed_truncate=plan.embed_truncate,
+            images=images,
         )
 
     def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:

@@ -34,7 +34,9 @@ class LlamaCppAdapter:
         if plan.task == "rerank":
             return EngineCapabilities(kinds=frozenset({RequestKind.RERANK}), json_mode=False, dimensions=False)
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
-        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True, dimensions=False)
+        vision = plan.mmproj is not None  # images only through a projector
+        return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True, dimensions=False,
+                                  vision=vision)  # fmt: skip
 
     def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
         self._python = python
@@ -60,6 +62,8 @@ class LlamaCppAdapter:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)
             argv += ["--cache-type", plan.kv_cache_type]
+        if plan.mmproj is not None and plan.task == "generate":
+            argv += ["--mmproj", str(plan.mmproj)]
         if plan.task != "generate":
             argv += ["--task", plan.task]
             if plan.pooling is not None:
@@ -80,7 +84,11 @@ class LlamaCppAdapter:
             env=env,
             health_path="/health",
             startup_timeout_s=self._startup_timeout_s,
-            fatal_log_patterns=(r"failed to load model", r"CUDA error: out of memory"),
+            fatal_log_patterns=(
+                r"failed to load model",
+                r"CUDA error: out of memory",
+                r"failed to load the multimodal",
+            ),
         )
 
     def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:

@@ -221,7 +221,8 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     if gpus is None:
         return entry
     threads = SIMULATED_HOST_THREADS if inventory.source == "simulated" else max(1, (os.cpu_count() or 2) // 2)
-    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads, entry.settings)
+    entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads, entry.settings,
+                           config.base_dir)  # fmt: skip
     return entry
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
-from gateway.config import ModelSpec, PlacementSettings
+from gateway.config import ModelSpec, PlacementSettings, mmproj_path
 from gateway.placement.estimate import (
     LLAMACPP_KV_ELEMENT_BYTES,
     MARGIN_BYTES,
@@ -94,6 +95,8 @@ class ModelWork:
     host_threads: int = 8
     settings: PlacementSettings = field(default_factory=PlacementSettings)
     """How to choose among its fits: objective, speed metric, useful-speed floor (`Config.placement_for`)."""
+    base_dir: Path = Path(".")
+    """The config's folder: where a relative `mmproj` path starts."""
 
 
 # --- TurboMind -------------------------------------------------------------------------------------------
@@ -286,6 +289,7 @@ def _llamacpp_plan(
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
         kv_cache_type="q8_0" if kv == "q8_0" else "f16",
+        mmproj=mmproj_path(spec.mmproj, source.path, work.base_dir),
     )
 
 

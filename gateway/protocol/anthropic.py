@@ -4,8 +4,9 @@ Validated before translation to the gateway's chat request. Hints with no meanin
 on blocks, `service_tier`, `speed`, `output_config.effort`) are ignored. `thinking` is accepted when it
 leaves thinking to the model (`disabled`, `adaptive`: a model that never thinks satisfies both) and
 refused when it demands a thinking budget (`enabled`, ...), since no engine here produces thinking
-blocks. Images, documents, server tools (web search, code execution, ...), MCP servers and containers
-are recognised and named by `unsupported()`, which the route turns into a 400.
+blocks. `image` blocks in user turns become chat image parts (docs/vision.md). Documents, server tools
+(web search, code execution, ...), MCP servers and containers are recognised and named by `unsupported()`,
+which the route turns into a 400.
 """
 
 from __future__ import annotations
@@ -22,6 +23,35 @@ from gateway.protocol.tagged import Body, Refused, type_tag
 class TextBlock(Body):
     type: Literal["text"]
     text: str
+
+
+class Base64Source(Body):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(Body):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(Body):
+    """An image (user turns): base64, or a URL fetched by the gateway only where the operator allows it."""
+
+    type: Literal["image"]
+    source: Annotated[
+        Annotated[Base64Source, Tag("base64")] | Annotated[UrlSource, Tag("url")] | Annotated[Refused, Tag("other")],
+        type_tag(frozenset({"base64", "url"})),
+    ]
+
+    def url(self) -> str:
+        """The image as a chat `image_url`: a data URI for base64 (its media type checked against the bytes)."""
+        source = self.source
+        if isinstance(source, UrlSource):
+            return source.url
+        assert isinstance(source, Base64Source), "refused by unsupported()"
+        return f"data:{source.media_type};base64,{source.data}"
 
 
 ResultContent = Annotated[
@@ -52,8 +82,9 @@ ContentBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ImageBlock, Tag("image")]
     | Annotated[Refused, Tag("other")],
-    type_tag(frozenset({"text", "tool_use", "tool_result"})),
+    type_tag(frozenset({"text", "tool_use", "tool_result", "image"})),
 ]
 
 
@@ -166,6 +197,11 @@ def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
         return [(f"{where}.type", "system messages hold text blocks only")]
     if isinstance(block, Refused):
         return [(f"{where}.type", f"content blocks of type {block.type!r} are not supported")]
+    if isinstance(block, ImageBlock) and role != "user":
+        return [(f"{where}.type", "image blocks belong to user messages")]
+    if isinstance(block, ImageBlock) and isinstance(block.source, Refused):
+        return [(f"{where}.source.type", f"image sources of type {block.source.type!r} are not supported: "
+                 "send base64 or url")]  # fmt: skip
     if isinstance(block, ToolUseBlock) and role != "assistant":
         return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
     if isinstance(block, ToolResultBlock):

@@ -1,13 +1,15 @@
 """Request bodies for /v1/chat/completions, /v1/completions and /v1/embeddings, validated strictly.
 
-What no engine here can honour (n > 1, logprobs, image parts, legacy functions, ...) is refused with a 400
-that names the parameter; nothing a client asked for is silently dropped. Unknown top-level fields that carry
-no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's own API does.
+What no engine here can honour (audio and file parts, images outside user messages, legacy functions, ...) is
+refused with a 400 that names the parameter; nothing a client asked for is silently dropped. Unknown top-level
+fields that carry no meaning for generation (e.g. `metadata` from chat frontends) are ignored, like OpenAI's
+own API does.
 
 Each request type crosses the seam to the engine itself: `check(capabilities, label)` refuses what the
 deployment cannot honour, `to_engine(target)` builds the engine's typed request (`backends.request`).
 Mapping that belongs to the gateway happens there, once: the `developer` role becomes `system` (every chat
-template knows `system`), content parts are flattened to text, `max_completion_tokens` wins over
+template knows `system`), content parts are flattened to text (an image part leaves `IMAGE_MARKER`; the images,
+checked by `gateway.vision_parts`, ride in `images`), `max_completion_tokens` wins over
 `max_tokens`, the server's length defaults apply, the engine is always asked for usage when streaming (for
 exact token metrics), and the public model name becomes the one the worker knows.
 """
@@ -24,7 +26,6 @@ from backends.request import (
     STOP_LIMIT,
     Choices,
     EngineEmbeddingRequest,
-    EngineMessage,
     EngineRequest,
     LogitBias,
     MaxTokens,
@@ -36,7 +37,6 @@ from backends.request import (
     StopString,
     Temperature,
     Tool,
-    ToolCall,
     ToolChoice,
     TopK,
     TopLogprobs,
@@ -44,14 +44,24 @@ from backends.request import (
 )
 from gateway.engine_requests import EngineTarget, check_kind, refuse
 from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wire types' one home)
+    AssistantMessage,
+    ContentPart,
+    FunctionMessage,
+    ImageUrl,
+    ImageUrlPart,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+    _Body,
+    _Message,
+    _OtherPart,
+    _Strict,
+)
 from gateway.protocol.parsing import parse_body, validation_error
 
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-# Names frontends (Open WebUI, Ollama clients, llama.cpp's web UI) send for parameters we have.
 SPELLINGS = {"repeat_penalty": "repetition_penalty", "num_predict": "max_tokens", "n_predict": "max_tokens"}
 
 # Generation settings other servers take and ours do not: refused by name, never silently ignored.
@@ -62,83 +72,6 @@ UNSUPPORTED_SAMPLING = frozenset({
     "length_penalty", "early_stopping", "use_beam_search", "min_tokens", "guided_json", "guided_regex",
     "guided_grammar", "grammar",
 })  # fmt: skip
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class _OtherPart(BaseModel):
-    """Any non-text content part (image_url, input_audio, file): recognised only to be refused by name."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    type: Literal["image_url", "input_audio", "file", "refusal"]
-
-
-ContentPart = Annotated[TextPart | _OtherPart, Field(discriminator="type")]
-
-
-class _Message(_Body):
-    name: str | None = None
-
-    def text(self) -> str:
-        content = getattr(self, "content", None)
-        if content is None:
-            return ""
-        if isinstance(content, str):
-            return content
-        return "".join(part.text for part in content if isinstance(part, TextPart))
-
-    def to_engine(self) -> EngineMessage:
-        role = getattr(self, "role", "user")
-        return EngineMessage(role="system" if role == "developer" else role, content=self.text(), name=self.name)
-
-
-class SystemMessage(_Message):
-    role: Literal["system", "developer"]
-    content: str | list[ContentPart]
-
-
-class UserMessage(_Message):
-    role: Literal["user"]
-    content: str | list[ContentPart]
-
-
-class AssistantMessage(_Message):
-    role: Literal["assistant"]
-    content: str | list[ContentPart] | None = None
-    refusal: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    function_call: dict[str, Any] | None = None
-
-    def to_engine(self) -> EngineMessage:
-        calls = tuple(self.tool_calls) if self.tool_calls else None
-        content = self.text() if self.content is not None else None
-        return EngineMessage(role="assistant", content=content, name=self.name, tool_calls=calls)
-
-
-class ToolMessage(_Message):
-    role: Literal["tool"]
-    content: str | list[ContentPart]
-    tool_call_id: str = Field(min_length=1)
-
-    def to_engine(self) -> EngineMessage:
-        return EngineMessage(role="tool", content=self.text(), tool_call_id=self.tool_call_id)
-
-
-class FunctionMessage(_Message):
-    role: Literal["function"]
-    content: str | None = None
-
-
-Message = Annotated[
-    SystemMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage, Field(discriminator="role")
-]
 
 
 class StreamOptions(_Strict):
@@ -346,6 +279,7 @@ class ChatCompletionRequest(_Sampling):
             "messages": tuple(m.to_engine() for m in self.messages),
             "continue_final_message": self.continues_reply,
             "response_format": self.response_format,
+            "images": target.images,
         }
         if self.tools:
             inputs |= {"tools": tuple(self.tools), "tool_choice": self.tool_choice,
@@ -388,6 +322,8 @@ def _message_problems(messages: list[Any]) -> list[tuple[str, str]]:
         content = getattr(message, "content", None)
         if isinstance(content, list):
             for j, part in enumerate(content):
+                if isinstance(part, ImageUrlPart) and message.role != "user":
+                    problems.append((f"messages[{i}].content[{j}].type", "images are accepted in user messages only"))
                 if isinstance(part, _OtherPart) and not (part.type == "refusal" and message.role == "assistant"):
                     problems.append(
                         (f"messages[{i}].content[{j}].type", f"content parts of type {part.type!r} are not supported")

@@ -6,7 +6,8 @@ unknown fields. A `namespace` tool is a group of function tools and is served (s
 web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
 ignored: no engine here has a reasoning budget, so every effort is served the same way and the Response
 echoes `reasoning.effort: null` to say none was applied. What no engine can honour (other built-in tools,
-background mode, conversations, prompt templates, image/file/audio inputs, item references, logprobs) is
+background mode, conversations, prompt templates, file/audio inputs and `input_image` by `file_id`, item
+references, logprobs) is
 recognised and named by `unsupported()`, which the route turns into a 400.
 """
 
@@ -38,12 +39,22 @@ class RefusalPart(Body):
     refusal: str
 
 
+class InputImage(Body):
+    """An image: `image_url` a data URI (or an allowed http(s) URL); `file_id` refused (no Files API)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 ContentPart = Annotated[
     Annotated[InputText, Tag("input_text")]
     | Annotated[OutputText, Tag("output_text")]
     | Annotated[RefusalPart, Tag("refusal")]
+    | Annotated[InputImage, Tag("input_image")]
     | Annotated[Refused, Tag("other")],
-    type_tag(frozenset({"input_text", "output_text", "refusal"})),
+    type_tag(frozenset({"input_text", "output_text", "refusal", "input_image"})),
 ]
 
 
@@ -357,4 +368,17 @@ class ResponsesRequest(Body):
             for j, part in enumerate(parts if isinstance(parts, list) else ()):
                 if isinstance(part, Refused):
                     problems.append((f"input[{i}].{field}[{j}].type", f"{part.type!r} input is not supported"))
+                problems += _image_problems(f"input[{i}].{field}[{j}]", part, item)
         return problems
+
+
+def _image_problems(where: str, part: Any, item: Any) -> list[tuple[str, str]]:
+    if not isinstance(part, InputImage):
+        return []
+    if not isinstance(item, MessageItem) or item.role != "user":
+        return [(f"{where}.type", "images are accepted in user messages only")]
+    if part.file_id is not None:
+        return [(f"{where}.file_id", "file_id is not supported (no Files API): send image_url as a data URI")]
+    if not part.image_url:
+        return [(f"{where}.image_url", "an input_image needs image_url")]
+    return []

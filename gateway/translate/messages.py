@@ -15,6 +15,7 @@ from backends.overflow import anthropic_overflow_message, overflow_counts
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import (
     CountTokensRequest,
+    ImageBlock,
     InputMessage,
     MessagesRequest,
     TextBlock,
@@ -34,10 +35,12 @@ def _result_content(block: ToolResultBlock) -> str:
 def _user(blocks: list[Any]) -> list[dict[str, Any]]:
     """A user turn: its text blocks as user messages, each tool_result as a `tool` message, in order."""
     out: list[dict[str, Any]] = []
-    text: list[dict[str, str]] = []
+    text: list[dict[str, Any]] = []
     for block in blocks:
         if isinstance(block, TextBlock):
             text.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            text.append({"type": "image_url", "image_url": {"url": block.url()}})
         elif isinstance(block, ToolResultBlock):
             if text:
                 out.append({"role": "user", "content": text})

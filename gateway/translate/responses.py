@@ -20,6 +20,7 @@ from gateway.protocol.responses_api import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionToolChoice,
+    InputImage,
     InputItem,
     MessageItem,
     ReasoningItem,
@@ -43,10 +44,16 @@ _RESPONSE_ERROR_CODES = {
 
 
 # -- request ----------------------------------------------------------------------------------------------
-def _text_parts(content: str | list[Any]) -> str | list[dict[str, str]]:
+def _text_parts(content: str | list[Any]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    return [{"type": "text", "text": content_text([part])} for part in content]
+    return [_chat_part(part) for part in content]
+
+
+def _chat_part(part: Any) -> dict[str, Any]:
+    if isinstance(part, InputImage):  # checked by `unsupported()`: a user message's, with image_url
+        return {"type": "image_url", "image_url": {"url": part.image_url, "detail": part.detail or "auto"}}
+    return {"type": "text", "text": content_text([part])}
 
 
 def _call(item: FunctionCallItem) -> dict[str, Any]:

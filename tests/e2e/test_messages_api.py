@@ -151,8 +151,10 @@ def test_count_tokens_is_the_prompt_the_model_sees(gateway: Gateway) -> None:
          "invalid_request_error", "stop_sequences"),
         ({"max_tokens": 8, "messages": SHORT, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400,
          "invalid_request_error", "tools.0.type"),
-        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, 400,
          "invalid_request_error", "messages.0.content.0.type"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+         "invalid_request_error", "messages.0.content.0.source"),
     ],
 )  # fmt: skip
 def test_errors_come_in_anthropics_envelope(

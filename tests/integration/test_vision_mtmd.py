@@ -10,6 +10,8 @@ through an ordinary token batch, the image decoded alone) gives what mtmd's one-
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from backends.llamacpp.worker.vision import (
     mmproj_beside,
     reusable_prefix,
 )
+from tests.conftest import REPO, free_port
 from tests.fixtures.vlm.build import TinyClipSpec, vlm_dir, write_tiny_mmproj
 
 pytestmark = pytest.mark.integration
@@ -62,7 +65,7 @@ def model(smollm2_path: Path) -> Iterator[native.Model]:
 
 @pytest.fixture(scope="module")
 def projector(model: native.Model, mmproj: Path) -> Iterator[VisionProjector]:
-    loaded = VisionProjector.load(mmproj, model._model)  # the lead's wiring adds a public raw-model accessor
+    loaded = VisionProjector.load(mmproj, model.raw_model)
     yield loaded
     loaded.close()
 
@@ -185,7 +188,7 @@ def test_pixels_that_are_no_rgb_image_are_refused(projector: VisionProjector) ->
 def test_a_projector_for_another_width_is_refused(model: native.Model, tmp_path: Path) -> None:
     wrong = write_tiny_mmproj(tmp_path / "mmproj-wrong.gguf", TinyClipSpec(text_embd=64))
     with pytest.raises(VisionError, match="failed to load the multimodal projector"):
-        VisionProjector.load(wrong, model._model)
+        VisionProjector.load(wrong, model.raw_model)
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF"])
@@ -247,3 +250,15 @@ def test_the_pair_is_laid_out_once_with_the_mmproj_beside_the_model(tmp_path: Pa
     vlm_dir(tmp_path / "vlm", smollm2_path, TinyClipSpec(n_layer=2))  # another spec replaces it
     replaced = mmproj_beside(model_path)
     assert replaced is not None and replaced != found and not found.exists()
+
+
+def test_a_worker_given_the_wrong_mmproj_fails_its_start_with_mtmds_reason(smollm2_path: Path, tmp_path: Path) -> None:
+    """`--mmproj` for another model: the worker exits non-zero and says why, the supervisor's fatal pattern."""
+    wrong = write_tiny_mmproj(tmp_path / "mmproj-wrong.gguf", TinyClipSpec(text_embd=64))
+    argv = [
+        sys.executable, "-m", "backends.llamacpp.worker", "--model", str(smollm2_path), "--model-name", "m",
+        "--port", str(free_port()), "--ctx", "256", "--slots", "1", "--n-threads", "1", "--mmproj", str(wrong),
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert b"failed to load the multimodal projector" in done.stderr

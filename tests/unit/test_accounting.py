@@ -35,7 +35,7 @@ async def gateway(metrics: Metrics, **auth: object) -> AsyncIterator[httpx.Async
         (b'{"model": "m", "messages": [', 400),
         ({"model": "m", "messages": USER, "stop": [str(i) for i in range(17)]}, 400),
         ({"model": "m", "messages": USER, "mirostat": 2}, 400),
-        ({"model": "m", "messages": [{"role": "user", "content": [IMAGE]}]}, 400),
+        ({"model": "m", "messages": [{"role": "assistant", "content": [IMAGE]}]}, 400),
         ({"model": "m", "messages": USER, "functions": [{"name": "f"}]}, 400),
         ({"model": "other", "messages": USER}, 404),
         ({"model": "m", "messages": USER}, 503),  # configured, but not placed

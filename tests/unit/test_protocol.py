@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from backends.request import EngineRequest
+from backends.request import IMAGE_MARKER, EngineRequest
 from gateway.engine_requests import EngineTarget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
@@ -71,10 +71,24 @@ def test_parameters_no_engine_can_honour_are_refused_by_name(extra: dict, param:
     assert error.param == param
 
 
-def test_image_parts_are_refused_with_their_position() -> None:
+def test_image_parts_outside_user_messages_are_refused_with_their_position() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}]}
+    body = {"model": "m", "messages": [{"role": "system", "content": [{"type": "text", "text": "what?"}, image]}]}
     assert reject(body).param == "messages[0].content[1].type"
+
+
+def test_user_image_parts_parse_with_a_marker_where_each_image_was() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}}
+    bare = {"type": "image_url", "image_url": "data:image/gif;base64,R0lG"}  # the URL as a plain string
+    content = [{"type": "text", "text": "a "}, image, {"type": "text", "text": " b "}, bare]
+    parsed = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": content}]})
+    message = parsed.messages[0]
+    assert message.text_with_images() == f"a {IMAGE_MARKER} b {IMAGE_MARKER}"
+    assert [(j, part.image_url.url[:14]) for j, part in message.image_parts()] == [
+        (1, "data:image/png"),
+        (3, "data:image/gif"),
+    ]
+    assert message.text() == "a  b "
 
 
 def test_malformed_json_is_invalid_json() -> None:

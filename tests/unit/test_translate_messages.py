@@ -210,7 +210,10 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"messages": [{"role": "user", "content": [IMAGE]}]}, "messages.0.content.0.type"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [IMAGE]}]},
+            "messages.1.content.0.type",
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             "messages.0.content.0.type",

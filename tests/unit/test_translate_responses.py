@@ -311,7 +311,11 @@ def test_cached_prompt_tokens_are_reported() -> None:
         ({"tool_choice": {"type": "web_search_preview"}, "tools": [{"type": "web_search_preview"}]}, "tool_choice"),
         ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]}, "tools[1].type"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]},
+            "input[0].content[0].file_id",
+        ),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
             "input[0].content[0].type",
         ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

@@ -131,7 +131,7 @@ def test_the_key_comes_from_a_bearer_token_or_x_api_key() -> None:
     [
         ({"stop": [str(i) for i in range(17)]}, "stop", "stop", "stop_sequences"),
         ({"max_completion_tokens": 0}, "max_completion_tokens", "max_output_tokens", "max_tokens"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ({"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages[0].content[0].type", "input", "messages"),
         ({"temperature": 9}, "temperature", "temperature", "temperature"),
     ],

@@ -33,7 +33,8 @@ from backends.llamacpp.worker.output import ChatOutput
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.worker.text import ChatTemplateError
-from backends.llamacpp.worker.tickets import GenerationRequest, Ticket
+from backends.llamacpp.worker.tickets import GenerationRequest, ImageSpan, Ticket
+from backends.llamacpp.worker.vision import VisionError, VisionProjector
 from backends.llamacpp.worker.wire import Kind, Renderer, logit_bias, new_id, sampling_params
 from backends.overflow import overflow_message
 from backends.request import EngineRequest
@@ -51,6 +52,8 @@ class WorkerSpec:
     max_queue: int
     fill_gaps: bool = False
     sampling_threads: int = 1
+    mmproj: Path | None = None
+    """The multimodal projector GGUF: with one, requests may carry images."""
 
 
 class _Engine:
@@ -58,7 +61,13 @@ class _Engine:
 
     def __init__(self, spec: WorkerSpec, on_fatal: Callable[[str], None]) -> None:
         self.model = Model(spec.model_path, spec.context)
-        self.prompts = PromptBuilder(self.model)
+        self._n_batch = spec.context.n_batch
+        try:
+            self.projector = _load_projector(spec, self.model)
+        except Exception:
+            self.model.close()
+            raise
+        self.prompts = PromptBuilder(self.model, self.projector)
         self.scheduler = Scheduler(
             self.model,
             slots=spec.context.n_seq_max,
@@ -68,12 +77,35 @@ class _Engine:
             fill_gaps=spec.fill_gaps,
             sampling_threads=spec.sampling_threads,
             on_fatal=on_fatal,
+            images=self._eval_image if self.projector is not None else None,
         )
         self.scheduler.start()
 
+    def _eval_image(self, image: ImageSpan, seq_id: int, n_past: int) -> int:
+        """The scheduler's image evaluator (engine thread): mtmd encodes the image, decodes it into `seq_id`."""
+        assert self.projector is not None
+        context = self.model.context
+        return self.projector.eval_image(image.chunk, context, seq_id=seq_id, n_past=n_past, n_batch=self._n_batch)
+
     def close(self) -> None:
         self.scheduler.stop()
+        if self.projector is not None:
+            self.projector.close()
         self.model.close()
+
+
+def _load_projector(spec: WorkerSpec, model: Model) -> VisionProjector | None:
+    """The `--mmproj` projector for `model`; a projector that does not load fails the worker's start."""
+    if spec.mmproj is None:
+        return None
+    context = spec.context
+    projector = VisionProjector.load(
+        spec.mmproj, model.raw_model, n_threads=context.n_threads or 2, use_gpu=context.n_gpu_layers != 0
+    )
+    if projector.uses_mrope:  # positions would advance by n_pos, not n_tokens: the slots count tokens
+        projector.close()
+        raise VisionError(f"{spec.mmproj}: projectors with M-RoPE positions (Qwen-VL) are not served yet")
+    return projector
 
 
 class _WorkerState:
@@ -115,7 +147,7 @@ class _WorkerState:
             self.engine = engine
         ctx = self.spec.context
         log.info(
-            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s)",
+            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s%s)",
             self.spec.model_name,
             self.spec.model_path,
             time.monotonic() - started,
@@ -125,6 +157,7 @@ class _WorkerState:
             ctx.flash_attn,
             ctx.cache_type,
             " unified" if ctx.kv_unified else "",
+            f" mmproj={self.spec.mmproj}" if self.spec.mmproj else "",
             " fill_gaps" if self.spec.fill_gaps else "",
             f" sampling_threads={self.spec.sampling_threads}" if self.spec.sampling_threads > 1 else "",
         )
@@ -171,6 +204,7 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
             stop=request.stop,
             logprobs=top,
             shown_specials=prepared.shown_specials,
+            images=prepared.images,
         )
         for i in range(request.n)
     ]
@@ -200,6 +234,7 @@ class _Routes:
                 "model": self.spec.model_name,
                 "n_ctx_per_slot": context.n_ctx_per_seq,
                 "kv_cells_total": context.n_ctx_per_seq * context.n_seq_max,
+                "vision": engine.projector is not None,
                 **asdict(engine.scheduler.stats()),
             }
         )

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m backends.llamacpp.worker", description=__doc__)
     p.add_argument("--model", required=True, type=Path, help="GGUF file")
     p.add_argument("--model-name", required=True, help="the name clients use in `model`")
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        default=None,
+        help="multimodal projector GGUF (llama.cpp's mmproj): requests may carry images",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", required=True, type=int)
     p.add_argument("--ctx", required=True, type=_positive, help="context tokens per slot (per sequence)")
@@ -141,6 +147,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         max_queue=args.max_queue,
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
         sampling_threads=args.sampling_threads,
+        mmproj=args.mmproj,
     )
 
 
@@ -199,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = spec_from_args(args)
     if not spec.model_path.is_file():
         log.error("model file %s not found", spec.model_path)
+        return 2
+    if spec.mmproj is not None and not spec.mmproj.is_file():
+        log.error("mmproj file %s not found", spec.mmproj)
         return 2
     failure: list[str] = []
 

@@ -254,6 +254,11 @@ class Model:
         return self._ctx
 
     @property
+    def raw_model(self) -> Any:
+        """The llama_model pointer (what the multimodal projector is loaded for)."""
+        return self._model
+
+    @property
     def vocab(self) -> Any:
         return self._vocab
 

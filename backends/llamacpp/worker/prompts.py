@@ -5,17 +5,25 @@ renders tools itself gets them (and the history's tool calls) in its own way, an
 is parsed back; any other template gets a system-prompt section describing the tools and a generic
 `<tool_call>` syntax. `tool_choice` "required" or a named tool is enforced with a grammar that only
 admits well-formed calls whose arguments follow the tool's schema; "none" renders no tools at all.
+
+A request with images (a worker started with `--mmproj`) is rendered the same way, with the media
+marker where each image was; the projector then tokenizes the text around the markers and preprocesses
+each image into its chunk (`vision.VisionProjector.tokenize`), and the prompt's token list holds a
+placeholder id at each image position (`vision.cache_tokens`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
 from backends.llamacpp.worker.text import CHATML_TEMPLATE, ChatTemplate
+from backends.llamacpp.worker.tickets import ImageSpan
 from backends.llamacpp.worker.tools import SchemaGrammarError, ToolFormat, select_format
+from backends.llamacpp.worker.vision import ImageChunk, RgbImage, VisionError, VisionProjector, cache_tokens
 from backends.llamacpp.worker.wire import format_grammar
-from backends.request import EngineRequest, NamedToolChoice
+from backends.request import IMAGE_MARKER, EngineImage, EngineRequest, NamedToolChoice
 
 
 class PromptError(Exception):
@@ -35,13 +43,19 @@ class Prepared:
     shown_specials: frozenset[int] = frozenset()
     grammar_triggers: tuple[str, ...] = ()
     forced_call: bool = False  # `grammar` forces a call (tool_choice "required" or a named tool)
+    images: tuple[ImageSpan, ...] = ()
+
+    @property
+    def image_tokens(self) -> int:
+        return sum(image.n_tokens for image in self.images)
 
 
 class PromptBuilder:
     """Thread-safe (read-only after construction): `prepare` runs off the event loop."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, projector: VisionProjector | None = None) -> None:
         self._model = model
+        self._projector = projector
         source = model.chat_template() or CHATML_TEMPLATE
         self._bos_text = model.special_text(model.bos_id)
         eos_text = model.special_text(model.eos_id)
@@ -79,10 +93,14 @@ class PromptBuilder:
         )
         # Templates that write the BOS token themselves must not get a second one.
         add_bos = self._model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        tokens = self._tokens(text, add_bos)
+        images: tuple[ImageSpan, ...] = ()
+        if request.images:
+            tokens, images = self._with_images(text, add_bos, request.images)
+        else:
+            tokens = self._tokens(text, add_bos)
         if not tools:
             try:
-                return Prepared(tokens, format_grammar(request))
+                return Prepared(tokens, format_grammar(request), images=images)
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
         parallel = request.parallel_tool_calls is not False
@@ -93,7 +111,33 @@ class PromptBuilder:
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
             grammar, triggers = fmt.lazy_grammar(tools, parallel)
         names = tuple(t.function.name for t in tools)
-        return Prepared(tokens, grammar, fmt, names, self._specials, triggers, forced_call=forced)
+        return Prepared(tokens, grammar, fmt, names, self._specials, triggers, forced_call=forced, images=images)
+
+    def _with_images(
+        self, text: str, add_bos: bool, images: Sequence[EngineImage]
+    ) -> tuple[list[int], tuple[ImageSpan, ...]]:
+        """The prompt's tokens (a placeholder id at each image position) and its images' spans."""
+        if self._projector is None:
+            raise PromptError("this model does not accept images (capability vision: it has no mmproj)", "messages")
+        text = text.replace(IMAGE_MARKER, self._projector.marker)
+        try:
+            pixels = [RgbImage.from_encoded(image.raw()) for image in images]
+        except Exception as exc:  # Pillow raises several types for a broken file
+            raise PromptError(f"an image could not be decoded: {exc}", "messages") from exc
+        try:
+            prompt = self._projector.tokenize(text, pixels, add_special=add_bos)
+        except VisionError as exc:
+            raise PromptError(str(exc), "messages") from exc
+        spans: list[ImageSpan] = []
+        start = 0
+        for chunk in prompt.chunks:
+            if isinstance(chunk, ImageChunk):
+                spans.append(ImageSpan(start, chunk.n_tokens, chunk, prompt))
+            start += chunk.n_tokens
+        tokens = cache_tokens(prompt)
+        if spans and spans[-1].end >= len(tokens):
+            raise PromptError("the prompt must not end with an image", "messages")
+        return tokens, tuple(spans)
 
     def _tokens(self, text: str, add_bos: bool) -> list[int]:
         tokens = self._model.tokenize(text, add_special=add_bos)

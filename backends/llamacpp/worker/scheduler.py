@@ -28,6 +28,8 @@ llama.cpp at the start of the next decode) and samples from the same logits row 
 A member admitted later, once the prompt is in a running member's KV, copies that KV, drops the last
 prompt token and decodes just that one again, for its logits. Without a running member it is an ordinary
 request (a free slot may still hold the prompt for prefix reuse).
+
+Images: see `image_step` (evaluated alone before each step's batch; text-only requests never meet them).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
@@ -126,6 +129,7 @@ class Scheduler:
         fill_gaps: bool = False,
         sampling_threads: int = 1,
         on_fatal: Callable[[str], None] | None = None,
+        images: ImageEvaluator | None = None,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -135,6 +139,7 @@ class Scheduler:
         self._fill_gaps = fill_gaps
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
+        self._images = images
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
@@ -265,7 +270,8 @@ class Scheduler:
         prompt = ticket.request.prompt
         slot = pick_slot(self._slots, prompt)
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
-        reuse = self._trim(slot, min(common_prefix_len(slot.cached, prompt), len(prompt) - 1))
+        shared = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
+        reuse = self._trim(slot, ticket.request.reusable(shared))
         slot.busy = True
         sampling = ticket.request.sampling
         try:
@@ -319,7 +325,10 @@ class Scheduler:
                 continue
             prompt = seq.request.prompt
             start = len(seq.slot.cached)
-            end = start + min(budget, len(prompt) - start)
+            stop = seq.request.text_end(start)  # text up to the next image (evaluated before the batch)
+            if stop == start:
+                continue
+            end = start + min(budget, stop - start)
             runs.append(Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
             used += end - start
         if self._fill_gaps and len(runs) > 1:
@@ -328,6 +337,7 @@ class Scheduler:
         return runs
 
     def _step(self) -> None:
+        image_tokens = self._eval_images()
         batch = self._batch
         batch.clear()
         runs = self._plan()
@@ -346,7 +356,7 @@ class Scheduler:
             self._decode_failed(runs, exc)
             return
         self._drop_fillers(runs)
-        prefilled = 0
+        prefilled = image_tokens
         for run in runs:
             if run.seq is not None:
                 prefilled += len(run.tokens) if run.seq.pending is None else 0
@@ -362,6 +372,13 @@ class Scheduler:
             self._recent.append((now, len(outputs)))
             self._trim_recent(now)
         self._update_kv_stats()
+
+    def _eval_images(self) -> int:
+        """The image step (`image_step`); the image tokens decoded (counted with the step's prefill)."""
+        decoded, failed = eval_images(self._running, self._images, self._model, self._outbox.flush)
+        for seq, message in failed:
+            self._release(seq, Failed(message), aborted=False)
+        return decoded
 
     def _hand_over_prompts(self, outputs: list[tuple[SeqState, int, int]]) -> list[tuple[SeqState, int, int]]:
         """Leaders whose prompt was just decoded give their parked followers its KV and logits row."""
@@ -429,7 +446,7 @@ class Scheduler:
     def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
         self._running.remove(seq)
-        self._unlink(seq)
+        seq.leave_group()
         if seq.sampler is not None:
             seq.sampler.close()
         seq.slot.busy = False
@@ -454,19 +471,6 @@ class Scheduler:
         elif isinstance(event, Failed):
             log.error("request %s failed: %s", seq.request.request_id, event.message)
         self._outbox.put(seq.ticket, event)
-
-    @staticmethod
-    def _unlink(seq: SeqState) -> None:
-        """A leaving parked follower leaves its leader; a leaving leader hands its followers to the first."""
-        if seq.leader is not None:
-            seq.leader.followers.remove(seq)
-            seq.leader = None
-        if seq.followers:
-            heir, *rest = seq.followers
-            heir.leader, heir.followers = None, rest
-            for follower in rest:
-                follower.leader = heir
-            seq.followers = []
 
     def _usage(self, seq: SeqState) -> Usage:
         return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)

@@ -80,6 +80,18 @@ class SeqState:
         """Has prompt tokens to decode in the next step (parked followers have none of their own)."""
         return self.pending is None and self.leader is None and self.prefill_left > 0
 
+    def leave_group(self) -> None:
+        """A leaving parked follower leaves its leader; a leaving leader hands its followers to the first."""
+        if self.leader is not None:
+            self.leader.followers.remove(self)
+            self.leader = None
+        if self.followers:
+            heir, *rest = self.followers
+            heir.leader, heir.followers = None, rest
+            for follower in rest:
+                follower.leader = heir
+            self.followers = []
+
     def push(self, piece: bytes, entry: TokenLogprob | None) -> Emitted:
         """A generated token's bytes (and its entry when logprobs were asked for)."""
         text = self.utf8.push(piece)

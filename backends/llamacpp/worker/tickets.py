@@ -20,7 +20,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from backends.llamacpp.worker.sampling import SamplingParams
 
@@ -28,6 +28,25 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 
 MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True, eq=False)
+class ImageSpan:
+    """One image's place in a tokenized prompt: positions `start` to `start + n_tokens` of `prompt`.
+
+    `chunk` is the image's `vision.ImageChunk` and `owner` the `vision.MultimodalPrompt` that holds its
+    native memory (kept alive as long as the request is); both opaque here, so this module stays
+    native-free. Only the engine thread evaluates the chunk (`Scheduler`'s image evaluator).
+    """
+
+    start: int
+    n_tokens: int
+    chunk: Any
+    owner: Any
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
 
 
 @dataclass(frozen=True)
@@ -47,10 +66,32 @@ class GenerationRequest:
     shown_specials: frozenset[int] = frozenset()
     """Special tokens rendered as their text (a tool-call syntax's markers such as `[TOOL_CALLS]`), which
     otherwise render empty."""
+    images: tuple[ImageSpan, ...] = ()
+    """The prompt's images, in order. At their positions `prompt` holds placeholder ids (negative, one per
+    image, from its digest: `vision.cache_tokens`), so prefix reuse matches only the same image; those
+    positions are never put in a token batch."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, not {self.logprobs}")
+        if self.images and self.images[-1].end >= len(self.prompt):
+            raise ValueError("a prompt must not end with an image: its last token's logits start generation")
+
+    def image_at(self, position: int) -> ImageSpan | None:
+        """The image that starts at `position`, if one does."""
+        return next((image for image in self.images if image.start == position), None)
+
+    def text_end(self, position: int) -> int:
+        """Where the text run from `position` ends: at the next image's start, or at the prompt's end."""
+        return next((image.start for image in self.images if image.start >= position), len(self.prompt))
+
+    def reusable(self, n_common: int) -> int:
+        """A cached prefix of `n_common` tokens, cut back to an image's start if it ends inside the image
+        (an image's embeddings are decoded whole)."""
+        for image in self.images:
+            if image.start < n_common < image.end:
+                return image.start
+        return n_common
 
 
 @dataclass(frozen=True)

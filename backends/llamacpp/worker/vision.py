@@ -138,6 +138,9 @@ class MultimodalPrompt:
     def __exit__(self, *_exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
 
+    def __del__(self) -> None:  # a request's prompt lives as long as its sequences: freed with them
+        self.close()
+
     @property
     def raw(self) -> Any:
         return self._handle
