@@ -112,7 +112,7 @@ ImageMediaType = Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
 
 
 class EngineImage(_Frozen):
-    """An image part, already decoded and checked by the gateway (`gateway/images.py`): its original bytes,
+    """An image part, already decoded and checked by the gateway (`gateway/serving/images.py`): its original bytes,
     base64 on the wire, and their SHA-256."""
 
     media_type: ImageMediaType

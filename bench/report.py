@@ -298,7 +298,7 @@ median of per-round differences."""
 LIVE_SPEED_NOTES = (
     "`voltgate serve` on the model (context 4,096, 4 slots, one llama.cpp thread), 8 streamed chats of up to 128 "
     "tokens one at a time and then 4 at once through the openai SDK, then `GET /v1/placement`: the plan's "
-    "prediction beside what the gateway measured (`gateway/live_speed.py`) and what the client measured. The "
+    "prediction beside what the gateway measured (`gateway/ops/live_speed.py`) and what the client measured. The "
     "CPU prediction's constants come from the machine they were calibrated on (2026-11-29): on another CPU "
     "the ratio says how far off they are."
 )

@@ -23,8 +23,6 @@ from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from backends.remote import RemoteAdapter
 from gateway import __version__
-from gateway.admission import Admission
-from gateway.auth import KeyStore
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response
@@ -34,17 +32,19 @@ from gateway.lifecycle.remote import RemoteEndpoint
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.supervisor import WorkerMachine
 from gateway.lifecycle.workers import Worker, WorkerState, request_headers
-from gateway.live_speed import predictions_from_placement
-from gateway.metrics import Metrics
-from gateway.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
 from gateway.openapi import install_openapi
+from gateway.ops.auth import KeyStore
+from gateway.ops.live_speed import predictions_from_placement
+from gateway.ops.metrics import Metrics
+from gateway.ops.store import ResponseStore
 from gateway.reload import Desired, Planner, Reloader
 from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
-from gateway.service import Service
-from gateway.store import ResponseStore
+from gateway.serving.admission import Admission
+from gateway.serving.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
+from gateway.serving.service import Service
+from gateway.serving.vision_parts import ImageIntake
 from gateway.translate.messages import anthropic_error_body
-from gateway.vision_parts import ImageIntake
 
 if TYPE_CHECKING:
     from gateway.cluster.serve import ClusterServing

@@ -101,8 +101,8 @@ def serve(
     """Place every configured model, start its worker, and serve the OpenAI API."""
     import uvicorn
 
-    from gateway.connections import ClientConnections, server_options
-    from gateway.logs import setup_logging
+    from gateway.ops.logs import setup_logging
+    from gateway.serving.connections import ClientConnections, server_options
 
     setup_logging(log_format, log_level.upper())
     cfg = _load(config, gpus, host, port)
@@ -286,7 +286,7 @@ def keys_create(
     scopes: Annotated[list[str] | None, typer.Option("--scope", help="extra right (repeatable): admin")] = None,
 ) -> None:
     """Print a new API key once, and the config entry (hash only) to paste under `auth.keys`."""
-    from gateway.auth import hash_key, new_key
+    from gateway.ops.auth import hash_key, new_key
 
     key = new_key()
     entry: dict[str, object] = {"id": key_id, "sha256": hash_key(key)}
@@ -318,7 +318,7 @@ def selftest(
 ) -> None:
     """A short real decode in a child process: proves llama.cpp answers on this host (run after every install)."""
     from backends.llamacpp.selftest import self_test
-    from gateway.doctor import EMBEDDED
+    from gateway.ops.doctor import EMBEDDED
 
     try:
         path = model or package_resource(*EMBEDDED)
@@ -341,7 +341,7 @@ def doctor(
 ) -> None:
     """Check this host for everything voltgate needs (Python, llama.cpp build, CPU, GPUs, CUDA, LMDeploy,
     models, disk, config): one row per check; exit status 1 on a blocker."""
-    from gateway.doctor import render, run_doctor
+    from gateway.ops.doctor import render, run_doctor
 
     env = env_overrides()
     report = run_doctor(config or env.config or DEFAULT_CONFIG, gpus or env.gpus, selftest=selftest)

@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
-from gateway.images import ImageLimits
+from gateway.serving.images import ImageLimits
 
 PACKAGE_PREFIX = "package:"
 

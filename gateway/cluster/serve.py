@@ -40,7 +40,7 @@ from gateway.cluster.plan import ClusterReport, plan_cluster
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.lifecycle.workers import Worker, WorkerState
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
 log = logging.getLogger("voltgate.cluster")
 

@@ -23,7 +23,7 @@ from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, estimates_
 from gateway.lifecycle.policy import BACKOFF_INITIAL_S
 from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
 __all__ = ["Hold", "ModelState", "Progress", "Residency"]
 

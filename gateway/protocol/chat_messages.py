@@ -33,7 +33,7 @@ class ImageUrl(_Strict):
 
 
 class ImageUrlPart(_Strict):
-    """An image (user messages only): checked and decoded by the gateway (gateway/vision_parts.py)."""
+    """An image (user messages only): checked and decoded by the gateway (gateway/serving/vision_parts.py)."""
 
     type: Literal["image_url"]
     image_url: ImageUrl

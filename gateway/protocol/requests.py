@@ -9,7 +9,7 @@ Each request type crosses the seam to the engine itself: `check(capabilities, la
 deployment cannot honour, `to_engine(target)` builds the engine's typed request (`backends.request`).
 Mapping that belongs to the gateway happens there, once: the `developer` role becomes `system` (every chat
 template knows `system`), content parts are flattened to text (an image part leaves `IMAGE_MARKER`; the images,
-checked by `gateway.vision_parts`, ride in `images`), `max_completion_tokens` wins over
+checked by `gateway.serving.vision_parts`, ride in `images`), `max_completion_tokens` wins over
 `max_tokens`, the server's length defaults apply, the engine is always asked for usage when streaming (for
 exact token metrics), and the public model name becomes the one the worker knows.
 """
@@ -42,7 +42,6 @@ from backends.request import (
     TopLogprobs,
     TopP,
 )
-from gateway.engine_requests import EngineTarget, check_kind, refuse
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wire types' one home)
     AssistantMessage,
@@ -61,6 +60,7 @@ from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wi
     _Strict,
 )
 from gateway.protocol.parsing import parse_body, validation_error
+from gateway.serving.engine_requests import EngineTarget, check_kind, refuse
 
 SPELLINGS = {"repeat_penalty": "repetition_penalty", "num_predict": "max_tokens", "n_predict": "max_tokens"}
 

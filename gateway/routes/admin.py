@@ -17,8 +17,8 @@ import ipaddress
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from gateway.auth import Principal
 from gateway.errors import ErrorCode, GatewayError
+from gateway.ops.auth import Principal
 from gateway.routes.context import AppContext, app_context
 
 router = APIRouter(prefix="/admin")

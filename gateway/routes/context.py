@@ -7,14 +7,14 @@ from typing import Any
 
 from fastapi import Request
 
-from gateway.auth import KeyStore
 from gateway.config import Config
 from gateway.deployments import Registry
 from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Metrics
+from gateway.ops.auth import KeyStore
+from gateway.ops.metrics import Metrics
+from gateway.ops.store import ResponseStore
 from gateway.reload import Reloader
-from gateway.service import Service
-from gateway.store import ResponseStore
+from gateway.serving.service import Service
 
 
 @dataclass

@@ -10,14 +10,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.auth import ANONYMOUS
 from gateway.errors import GatewayError
+from gateway.ops.auth import ANONYMOUS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_request
 from gateway.protocol.rerank import RerankRequest, parse_rerank_request
-from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.context import AppContext, app_context
-from gateway.service import RequestContext, StreamSession, UnaryResult
-from gateway.session import CONTEXT_KEY
+from gateway.serving.relay import SSE_HEADERS, RelayResponse
+from gateway.serving.service import RequestContext, StreamSession, UnaryResult
+from gateway.serving.session import CONTEXT_KEY
 
 router = APIRouter()
 

@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response
 from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
-from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.inference import begin, model_hint, render
-from gateway.service import StreamSession, UnaryResult
+from gateway.serving.relay import SSE_HEADERS, RelayResponse
+from gateway.serving.service import StreamSession, UnaryResult
 from gateway.translate import MessagesStream, messages, new_id, parse_body
 from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import MESSAGES, chat_request, renamed
@@ -43,7 +43,7 @@ def _error(exc: GatewayError) -> JSONResponse:
 
 async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
     """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope (any
-    other exception is a bug, answered by `gateway.middleware.ErrorBoundaryMiddleware` in the same envelope)."""
+    other exception is a bug, answered by `gateway.serving.middleware.ErrorBoundaryMiddleware` in the same envelope)."""
     try:
         return await handle()
     except GatewayError as exc:

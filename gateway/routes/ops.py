@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.deployments import Deployment
 from gateway.lifecycle.workers import WorkerState
-from gateway.live_speed import placement_with_measured
+from gateway.ops.live_speed import placement_with_measured
 from gateway.routes.context import AppContext, app_context
 
 router = APIRouter()

@@ -24,12 +24,12 @@ from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
+from gateway.ops.store import NotFound, ResponseStore
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.relay import SSE_HEADERS, RelayResponse
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.inference import begin, body_schema, model_hint, render
-from gateway.service import StreamSession
-from gateway.store import NotFound, ResponseStore
+from gateway.serving.relay import SSE_HEADERS, RelayResponse
+from gateway.serving.service import StreamSession
 from gateway.translate import ResponsesStream, new_id, parse_body, responses
 from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import RESPONSES, chat_request, renamed

@@ -4,7 +4,7 @@ JSON endpoint they read besides the public API.
     GET /               redirects to /ui
     GET /ui             the page (HTML shell: no data in it, so it loads without a key)
     GET /ui/app.js      its script; GET /ui/style.css its styles
-    GET /ui/api/status  `gateway.status.StatusReport` for the caller's key (401 without a valid key)
+    GET /ui/api/status  `gateway.ops.status.StatusReport` for the caller's key (401 without a valid key)
 
 Every page response carries a strict Content-Security-Policy (only this origin; no inline script or style;
 no frames), `X-Content-Type-Options: nosniff` and `Referrer-Policy: no-referrer`.
@@ -18,9 +18,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.ops.status import StatusReport, status_report
 from gateway.routes.admin import admin_denial
 from gateway.routes.context import app_context
-from gateway.status import StatusReport, status_report
 
 router = APIRouter()
 

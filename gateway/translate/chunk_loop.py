@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.protocol.responses import ChatCompletionChunk
-from gateway.relay import StreamFailure
+from gateway.serving.relay import StreamFailure
 from gateway.translate.sse import encode_events
 
 Events = list[dict[str, Any]]
@@ -42,7 +42,7 @@ class ChunkRenderer(Protocol):
 
 
 class ChunkSource(Protocol):
-    """A streamed chat request (`gateway.session.StreamSession`)."""
+    """A streamed chat request (`gateway.serving.session.StreamSession`)."""
 
     def chunks(self) -> AsyncGenerator[ChatCompletionChunk | StreamFailure | bytes, None]: ...
 

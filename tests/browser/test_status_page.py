@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.auth import hash_key
+from gateway.ops.auth import hash_key
 from tests.browser.conftest import SCREENSHOTS, needs_browser
 from tests.conftest import free_port
 from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config

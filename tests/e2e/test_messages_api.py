@@ -21,7 +21,7 @@ import openai
 import pytest
 from anthropic.types import Message, MessageTokensCount
 
-from gateway.auth import hash_key
+from gateway.ops.auth import hash_key
 from tests.conftest import free_port
 from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
 from tests.e2e.streams import COUNTING, metric, scrape

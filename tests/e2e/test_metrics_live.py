@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.live_speed import WINDOW_REQUESTS
+from gateway.ops.live_speed import WINDOW_REQUESTS
 from tests.e2e.conftest import MODEL, Gateway
 from tests.e2e.streams import COUNTING, Samples, chat_body, metric, scrape, stream
 

@@ -2,7 +2,7 @@
 on open connections per client address, and a 500 that keeps its keep-alive connection usable.
 
 The server is the real `create_app` (its one model refused at placement: no worker needed) under uvicorn with
-`gateway.connections.server_options`, in a thread, with short timeouts; every socket has a timeout, so a
+`gateway.serving.connections.server_options`, in a thread, with short timeouts; every socket has a timeout, so a
 failure ends the test instead of hanging it.
 """
 
@@ -21,7 +21,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Config
-from gateway.connections import ClientConnections, server_options
+from gateway.serving.connections import ClientConnections, server_options
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

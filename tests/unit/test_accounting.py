@@ -12,7 +12,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import Config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
 USER = [{"role": "user", "content": "hi"}]
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 from backends.base import RequestKind
-from gateway.activity import Activity
-from gateway.auth import Principal
 from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Metrics
-from gateway.session import CLIENT_GONE, RequestContext, account
+from gateway.ops.activity import Activity
+from gateway.ops.auth import Principal
+from gateway.ops.metrics import Metrics
+from gateway.serving.session import CLIENT_GONE, RequestContext, account
 
 
 class Clock:

@@ -12,14 +12,14 @@ import pytest
 
 from backends.lmdeploy import LMDeployAdapter
 from backends.overflow import overflow_counts, overflow_message
-from gateway.auth import ANONYMOUS
 from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Metrics
+from gateway.ops.auth import ANONYMOUS
+from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.session import RequestContext, account
+from gateway.serving.session import RequestContext, account
 from gateway.translate import MessagesStream, ResponsesStream, parse_body
 from gateway.translate.messages import anthropic_error_body
 from gateway.translate.messages import usage as messages_usage

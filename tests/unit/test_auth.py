@@ -14,10 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.app import create_app
-from gateway.auth import KEY_PREFIX, KeyStore, Principal, hash_key, new_key
 from gateway.cli import cli
 from gateway.config import AuthSettings, Config, KeySpec
 from gateway.errors import ErrorCode, GatewayError
+from gateway.ops.auth import KEY_PREFIX, KeyStore, Principal, hash_key, new_key
 
 SECRET = "vg-unit-test-secret-0123456789"
 
@@ -169,7 +169,7 @@ def test_the_token_window_total_is_kept_incrementally_as_tokens_come_and_expire(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("gateway.auth.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("gateway.ops.auth.time.monotonic", lambda: now[0])
     principal = Principal("alice", tokens_per_minute=100)
     principal._tokens = UnsummableDeque()
     for used, at in ((30, 0.0), (40, 20.0), (20, 40.0)):

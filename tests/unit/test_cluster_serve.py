@@ -23,7 +23,7 @@ from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.lifecycle.workers import WorkerState, request_headers
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.placement import Inventory
 
 

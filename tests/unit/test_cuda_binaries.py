@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cuda_binaries import FATBIN_MAGIC, fatbin_archs, needed_sonames, soname_major
+from gateway.ops.cuda_binaries import FATBIN_MAGIC, fatbin_archs, needed_sonames, soname_major
 
 
 def _entry(kind: int, arch: int, payload: bytes) -> bytes:

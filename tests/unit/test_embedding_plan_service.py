@@ -19,16 +19,16 @@ from backends.base import DeploymentPlan, EngineName, RequestKind
 from backends.llamacpp import LlamaCppAdapter
 from backends.remote import RemoteAdapter
 from backends.request import MAX_INPUTS, EngineEmbeddingRequest, EngineRerankRequest
-from gateway.admission import Admission
-from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.engine_requests import EngineTarget
 from gateway.errors import GatewayError
-from gateway.metrics import Metrics
+from gateway.ops.auth import OPEN
+from gateway.ops.metrics import Metrics
 from gateway.protocol import EmbeddingRequest, parse_request
 from gateway.protocol.rerank import MAX_DOCUMENTS, parse_rerank_request
-from gateway.service import RequestContext, Service, UnaryResult
+from gateway.serving.admission import Admission
+from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.service import RequestContext, Service, UnaryResult
 from tests.fakes.asgi_worker import FakeWorker
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import Config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.protocol.json_body import MAX_DEPTH
 from tests.openai_schema import assert_matches_openai
 

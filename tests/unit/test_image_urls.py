@@ -1,4 +1,4 @@
-"""Remote image URLs (gateway/image_urls.py): off by default; with an allow-list, fetched under limits and
+"""Remote image URLs (gateway/serving/image_urls.py): off by default; with an allow-list, fetched under limits and
 never from a private, loopback or link-local address. No sockets: a fake resolver and httpx.MockTransport
 stand in for DNS and the image server."""
 
@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from gateway.errors import GatewayError
-from gateway.image_urls import RemoteImageFetcher, host_allowed, public_address
-from gateway.images import ImageBudget, ImageLimits, RemoteImageOptions
+from gateway.serving.image_urls import RemoteImageFetcher, host_allowed, public_address
+from gateway.serving.images import ImageBudget, ImageLimits, RemoteImageOptions
 
 PUBLIC = "93.184.215.14"
 PARAM = "messages[0].content[0].image_url.url"

@@ -1,4 +1,4 @@
-"""Image inputs (gateway/images.py): data URIs decoded and checked, limits, and every bad input a clear 400."""
+"""Image inputs (gateway/serving/images.py): data URIs decoded and checked, limits, and every bad input a clear 400."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from gateway import images
 from gateway.errors import GatewayError
-from gateway.images import ImageBudget, ImageLimits, decode_image, load_base64, load_data_uri, split_data_uri
+from gateway.serving import images
+from gateway.serving.images import ImageBudget, ImageLimits, decode_image, load_base64, load_data_uri, split_data_uri
 
 LIMITS = ImageLimits()
 PARAM = "messages[0].content[1].image_url.url"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.live_speed import (
+from gateway.ops.live_speed import (
     LiveSpeed,
     Sample,
     placement_with_measured,
@@ -17,7 +17,7 @@ from gateway.live_speed import (
     predictions_from_placement,
     summarize,
 )
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.placement.performance import (
     COPY_EFFICIENCY,
     CPU_PREFILL_FLOPS_PER_THREAD,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.lifecycle.workers import WorkerState
-from gateway.metrics import GpuCollector, Metrics
+from gateway.ops.metrics import GpuCollector, Metrics
 from tests.unit.test_live_speed import PREDICTION
 
 # Every sample name the gateway documents (README.md, "Metrics"), without histogram/counter suffixes.

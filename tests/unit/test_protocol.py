@@ -7,9 +7,9 @@ import json
 import pytest
 
 from backends.request import IMAGE_MARKER, EngineRequest
-from gateway.engine_requests import EngineTarget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from gateway.serving.engine_requests import EngineTarget
 
 USER = [{"role": "user", "content": "hi"}]
 

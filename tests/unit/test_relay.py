@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.relay import DONE_FRAME, StreamStats, _carries_content, relay_stream, sse_frames
+from gateway.serving.relay import DONE_FRAME, StreamStats, _carries_content, relay_stream, sse_frames
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'

@@ -16,7 +16,6 @@ import pytest
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
-from gateway.admission import Admission
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
@@ -25,7 +24,8 @@ from gateway.lifecycle import residency as residency_module
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools
 from gateway.lifecycle.residency import ModelState, Residency
 from gateway.lifecycle.workers import WorkerState
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
+from gateway.serving.admission import Admission
 from tests.fakes.loading_worker import FakeLoadingWorker
 
 MB = 1 << 20  # MiB: 100 MB reads 0.10 GiB

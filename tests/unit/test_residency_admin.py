@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.app import create_app
-from gateway.auth import hash_key
 from gateway.cli import cli
 from gateway.config import Config
+from gateway.ops.auth import hash_key
 
 ADMIN, USER = "vg-admin-key", "vg-user-key"
 KEYS = [

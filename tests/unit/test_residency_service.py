@@ -14,16 +14,16 @@ from starlette.requests import Request
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
-from gateway.admission import Admission
-from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import ModelState, Residency
-from gateway.metrics import Metrics
+from gateway.ops.auth import OPEN
+from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.service import RequestContext, Service, StreamSession, UnaryResult
+from gateway.serving.admission import Admission
+from gateway.serving.service import RequestContext, Service, StreamSession, UnaryResult
 from tests.fakes.asgi_worker import FakeEngine
 from tests.fakes.loading_worker import FakeLoadingWorker
 

@@ -14,14 +14,14 @@ from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from backends.remote import RemoteAdapter
 from backends.request import ENGINE_PATHS, AnyEngineRequest, EngineEmbeddingRequest, missing_tool
-from gateway.admission import Admission
 from gateway.deployments import Deployment
-from gateway.engine_requests import EngineTarget
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.protocol.rerank import RerankRequest
 from gateway.protocol.served import ServedRequest
-from gateway.upstream import Upstream
+from gateway.serving.admission import Admission
+from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.upstream import Upstream
 from tests.fakes.asgi_worker import FakeWorker
 
 REQUESTS: list[ServedRequest] = [

@@ -17,16 +17,16 @@ from starlette.requests import Request
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
-from gateway.admission import Admission
-from gateway.auth import OPEN
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Metrics
+from gateway.ops.auth import OPEN
+from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.relay import StreamStats, _relay_run
-from gateway.service import RequestContext, Service, StreamSession, Translate, UnaryResult
-from gateway.session import RequestScope
+from gateway.serving.admission import Admission
+from gateway.serving.relay import StreamStats, _relay_run
+from gateway.serving.service import RequestContext, Service, StreamSession, Translate, UnaryResult
+from gateway.serving.session import RequestScope
 from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
 
 USER = [{"role": "user", "content": "hi"}]

@@ -1,14 +1,14 @@
-"""The status page's report (`gateway.status`) for one key: the models it may see, memory bars per pool from
+"""The status page's report (`gateway.ops.status`) for one key: the models it may see, memory bars per pool from
 the placement's inventory and the residency's holdings, and whose recent errors it sees."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.auth import Principal
 from gateway.errors import GatewayError
+from gateway.ops.auth import Principal
+from gateway.ops.status import status_report
 from gateway.placement.inventory import inventory_from_spec
-from gateway.status import status_report
 from tests.unit.test_residency import MB, Harness
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.store import FILENAME, NotFound, ResponseStore
+from gateway.ops.store import FILENAME, NotFound, ResponseStore
 
 
 class FakeClock:

@@ -9,9 +9,9 @@ import pytest
 from openai.types.responses import Response
 
 from gateway.errors import GatewayError
+from gateway.ops.store import ResponseStore
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.store import ResponseStore
 from gateway.translate import parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches

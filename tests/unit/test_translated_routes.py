@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.auth import hash_key, presented_key
 from gateway.config import Config
 from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Metrics
+from gateway.ops.auth import hash_key, presented_key
+from gateway.ops.metrics import Metrics
 from gateway.translate.params import MESSAGES, RESPONSES, chat_request, renamed
 from tests.openai_schema import assert_matches_openai
 

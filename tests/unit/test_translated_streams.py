@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.ops.store import ResponseStore
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.relay import StreamFailure
 from gateway.routes.responses import _Turn
-from gateway.store import ResponseStore
+from gateway.serving.relay import StreamFailure
 from gateway.translate import MessagesStream
 from gateway.translate.chunk_loop import translated_events
 
@@ -24,7 +24,7 @@ def message_events(req: MessagesRequest, session: FakeSession) -> Any:
 
 
 class FakeSession:
-    """Stands for `gateway.session.StreamSession`: `chunks()` yields the chat chunks it was given, typed as the
+    """Stands for `gateway.serving.session.StreamSession`: `chunks()` yields the chat chunks it was given, typed as the
     session yields them (an error frame's body as a `StreamFailure`; SSE comment frames as bytes);
     `translation_failed` records what the translation gave up with."""
 

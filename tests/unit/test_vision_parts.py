@@ -1,4 +1,5 @@
-"""gateway/vision_parts.py, config's `mmproj` and the llama.cpp adapter's vision wiring (no network, no engine)."""
+"""gateway/serving/vision_parts.py, config's `mmproj` and the llama.cpp adapter's vision wiring (no network, no
+engine)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp.adapter import LlamaCppAdapter
 from backends.request import IMAGE_MARKER
 from gateway.config import Config, mmproj_path
-from gateway.engine_requests import EngineTarget
 from gateway.errors import GatewayError
-from gateway.images import ImageLimits
 from gateway.protocol.requests import ChatCompletionRequest
-from gateway.vision_parts import ImageIntake
+from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.images import ImageLimits
+from gateway.serving.vision_parts import ImageIntake
 
 
 def _png(colour: tuple[int, int, int]) -> str:

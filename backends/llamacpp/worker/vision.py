@@ -60,7 +60,7 @@ class RgbImage:
 
     @classmethod
     def from_encoded(cls, data: bytes) -> RgbImage:
-        """Decode an image the gateway has already validated (gateway/images.py): its first frame, as RGB.
+        """Decode an image the gateway has already validated (gateway/serving/images.py): its first frame, as RGB.
 
         Pillow, not mtmd's stb_image, so every format the gateway accepts (WebP included) decodes here.
         """

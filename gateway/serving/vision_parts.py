@@ -3,9 +3,9 @@
 Every API reaches here as a chat request: chat `image_url` parts, Responses `input_image` and Anthropic
 `image` blocks are all translated to `ImageUrlPart`s of user messages. For a model without the `vision`
 capability the first image part is a 400 naming the model, before any image is read. Otherwise each part
-is loaded in order against one `ImageBudget` (count, bytes, format, dimensions: `gateway/images.py`):
+is loaded in order against one `ImageBudget` (count, bytes, format, dimensions: `gateway/serving/images.py`):
 data URIs decoded in a thread (a 40-megapixel image must not stall the event loop), `http(s)` URLs
-fetched by the gateway where the operator's allow-list admits them (`gateway/image_urls.py`), refused
+fetched by the gateway where the operator's allow-list admits them (`gateway/serving/image_urls.py`), refused
 with a clear 400 otherwise. The worker gets the original bytes, never a URL.
 """
 
@@ -15,10 +15,10 @@ import asyncio
 
 from backends.request import EngineImage, ImageMediaType
 from gateway.errors import ErrorCode, GatewayError
-from gateway.image_urls import RemoteImageFetcher
-from gateway.images import ImageBudget, ImageInput, ImageLimits, load_data_uri
 from gateway.protocol.chat_messages import ImageUrlPart
 from gateway.protocol.requests import ChatCompletionRequest
+from gateway.serving.image_urls import RemoteImageFetcher
+from gateway.serving.images import ImageBudget, ImageInput, ImageLimits, load_data_uri
 
 
 class ImageIntake:

@@ -2,7 +2,7 @@
 
 An image part's URL is one of
 - a data URI (`data:image/png;base64,...`): PNG, JPEG, WebP or GIF (its first frame is what the model sees);
-- an `http(s)` URL: refused unless the operator allows its host (gateway/image_urls.py fetches it then,
+- an `http(s)` URL: refused unless the operator allows its host (gateway/serving/image_urls.py fetches it then,
   the worker never does).
 
 Every check happens in an order that keeps hostile input cheap: the encoded size before base64 is decoded,
@@ -44,7 +44,7 @@ _MiB = 1024 * 1024
 
 
 class RemoteImageOptions(BaseModel):
-    """Fetching `http(s)` image URLs (gateway/image_urls.py). Off unless `allow_hosts` names a host."""
+    """Fetching `http(s)` image URLs (gateway/serving/image_urls.py). Off unless `allow_hosts` names a host."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

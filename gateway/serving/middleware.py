@@ -13,10 +13,10 @@ from starlette.datastructures import MutableHeaders
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import ANONYMOUS
 from gateway.errors import ErrorCode, GatewayError, internal_error
-from gateway.metrics import Metrics
-from gateway.session import CONTEXT_KEY, RequestContext, account
+from gateway.ops.auth import ANONYMOUS
+from gateway.ops.metrics import Metrics
+from gateway.serving.session import CONTEXT_KEY, RequestContext, account
 
 log = logging.getLogger("voltgate")
 

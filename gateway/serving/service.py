@@ -24,16 +24,16 @@ from starlette.requests import Request
 from backends.request import EngineImage
 from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
-from gateway.engine_requests import EngineTarget
 from gateway.errors import GatewayError
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import Residency
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.protocol.served import ServedRequest
-from gateway.session import RequestContext, RequestScope, StreamSession, account
-from gateway.unary import Translate, UnaryCall, UnaryResult
-from gateway.upstream import Upstream
-from gateway.vision_parts import ImageIntake
+from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
+from gateway.serving.unary import Translate, UnaryCall, UnaryResult
+from gateway.serving.upstream import Upstream
+from gateway.serving.vision_parts import ImageIntake
 
 __all__ = ["RequestContext", "Service", "StreamSession", "Translate", "UnaryResult"]
 

@@ -2,7 +2,7 @@
 
 Built from what the gateway already keeps: the registry and residency (each model's state, requests, memory
 estimated and measured), the placement report (engine, quant, GPUs, predicted speed, the GPU inventory),
-the live speed window (measured speed) and `gateway.activity` (recent errors, the speed history).
+the live speed window (measured speed) and `gateway.ops.activity` (recent errors, the speed history).
 
 What a caller sees follows its key: a key with a model allow-list sees only those models; recent errors are
 every caller's for an admin (and in open mode), otherwise only the caller's own key's.
@@ -18,13 +18,13 @@ from pydantic import BaseModel, ConfigDict
 
 from backends.base import EngineName
 from gateway import __version__
-from gateway.activity import BIN_S, ErrorEvent, SpeedBin
-from gateway.auth import Principal
 from gateway.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, gpu_pool
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.resident import ModelState
-from gateway.metrics import Metrics
+from gateway.ops.activity import BIN_S, ErrorEvent, SpeedBin
+from gateway.ops.auth import Principal
+from gateway.ops.metrics import Metrics
 
 IN_MEMORY = (ModelState.READY.value, ModelState.LOADING.value, ModelState.DRAINING.value)
 

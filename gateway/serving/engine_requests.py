@@ -34,7 +34,7 @@ class EngineTarget:
     clamp: bool = False
     sampling: Mapping[str, float | int] = field(default_factory=dict)
     embed_truncate: bool = False
-    images: tuple[EngineImage, ...] = ()  # the request's images, checked by `gateway.vision_parts`
+    images: tuple[EngineImage, ...] = ()  # the request's images, checked by `gateway.serving.vision_parts`
 
     def max_tokens(self, requested: int | None, param: str = "max_tokens") -> int | None:
         """max_tokens for the engine: the request's (`param` names the field it came in), else the model's

@@ -9,7 +9,7 @@ The worker never fetches a URL; the gateway does, and only
 - within a size limit (Content-Length checked first, the body counted as it arrives) and one deadline for
   the whole fetch, redirects included; each redirect is checked again like the first URL.
 
-A URL that passes becomes bytes, which gateway/images.py then checks like any data URI.
+A URL that passes becomes bytes, which gateway/serving/images.py then checks like any data URI.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.images import ImageBudget, ImageInput, RemoteImageOptions, decode_image
+from gateway.serving.images import ImageBudget, ImageInput, RemoteImageOptions, decode_image
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backends.llamacpp import cpu_features
-from gateway import cuda_binaries
 from gateway.config import Config, ConfigError, GGUFSource, HFSource, load_config, package_resource
+from gateway.ops import cuda_binaries
 from gateway.placement import Inventory, InventoryError, inventory_from_spec
 from gateway.placement.inventory import GIB, host_memory_bytes
 

@@ -1,6 +1,6 @@
-"""Recent activity for the status page (`gateway.status`): the last refused or failed requests, and a short
+"""Recent activity for the status page (`gateway.ops.status`): the last refused or failed requests, and a short
 history of generation speed. Both are bounded rings in memory, fed by request accounting
-(`gateway.session.account` and `RequestScope.finish`); nothing here is persisted.
+(`gateway.serving.session.account` and `RequestScope.finish`); nothing here is persisted.
 
 - `errors`: the last ERRORS_KEPT requests answered with a status of 400 or more (499: the client went away),
   with the error code and message the client saw, the model, endpoint and the key id (never the key).
@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.live_speed import percentile
+from gateway.ops.live_speed import percentile
 
 ERRORS_KEPT = 50
 HISTORY_S = 600.0

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.activity import Activity
-from gateway.live_speed import LiveSpeed
+from gateway.ops.activity import Activity
+from gateway.ops.live_speed import LiveSpeed
 from gateway.placement.performance import Prediction
 
 log = logging.getLogger("voltgate.metrics")
@@ -59,7 +59,7 @@ class GpuCollector(Collector):
 
 
 class LiveSpeedCollector(Collector):
-    """Each model's measured speed over its live window (`gateway.live_speed`), computed at scrape time; a
+    """Each model's measured speed over its live window (`gateway.ops.live_speed`), computed at scrape time; a
     model with no measurement yet has no series."""
 
     def __init__(self, live: LiveSpeed) -> None:
@@ -100,7 +100,7 @@ class Metrics:
         self._speed_series(r)
         self.live = live if live is not None else LiveSpeed()  # measured speed, per model
         r.register(LiveSpeedCollector(self.live))
-        self.activity = Activity()  # recent errors and a speed history, for the status page (`gateway.status`)
+        self.activity = Activity()  # recent errors and a speed history, for the status page (`gateway.ops.status`)
         if gpu:
             r.register(GpuCollector())
 

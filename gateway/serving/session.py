@@ -3,7 +3,7 @@ from admission through the upstream response to teardown (`StreamSession`).
 
 Unary and streamed requests share `RequestScope`: `try_load()` / `load()` hold the model in memory (waiting
 for its load when it is not: `gateway.lifecycle.residency`), `try_admit()` / `admit()` take a slot, `schedule()` is the
-one order of the two and the call (load, then admit, then call; `gateway.unary.UnaryCall` and `StreamSession`
+one order of the two and the call (load, then admit, then call; `gateway.serving.unary.UnaryCall` and `StreamSession`
 both go through it), `finish()` releases both (exactly once, whatever happened) and accounts the request
 once: metrics, the key's in-flight count and one access-log line.
 """
@@ -24,21 +24,21 @@ from pydantic import ValidationError
 
 from backends.base import RequestKind
 from backends.request import AnyEngineRequest
-from gateway.auth import Principal
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError, sse_error_frame
 from gateway.lifecycle.residency import Hold, Residency
-from gateway.live_speed import Flight
-from gateway.metrics import Metrics
+from gateway.ops.auth import Principal
+from gateway.ops.live_speed import Flight
+from gateway.ops.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
-from gateway.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
-from gateway.upstream import Upstream
+from gateway.serving.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
+from gateway.serving.upstream import Upstream
 
 access_log = logging.getLogger("voltgate.access")
 T = TypeVar("T")
 
 CLIENT_GONE = 499
-GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed `gateway.live_speed` measures
+GENERATING = (RequestKind.CHAT, RequestKind.COMPLETION)  # the kinds whose speed `gateway.ops.live_speed` measures
 PROGRESS_KEY = "voltgate_progress"  # the extension field of a loading-progress chunk (opt-in)
 _PROGRESS = f'"{PROGRESS_KEY}":'.encode()  # as it appears in a progress chunk's JSON (never inside a string)
 PROGRESS_INTERVAL_S = 1.0
@@ -226,7 +226,7 @@ class RequestScope:
         account(metrics, ctx, model, status, tokens, error or (stats.error if stats is not None else None))
 
     def _measure(self, completed: bool, tokens: tuple[int, int] | None, stats: StreamStats | None) -> None:
-        """Feed the model's measured speed (`gateway.live_speed`): a stream with the relay's times, a unary
+        """Feed the model's measured speed (`gateway.ops.live_speed`): a stream with the relay's times, a unary
         request with none (its body arrives whole)."""
         if self.flight is None:
             return

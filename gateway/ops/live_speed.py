@@ -1,7 +1,7 @@
 """Measured speed on live traffic, per model, beside the plan's prediction: decode tokens/s per stream, time to
 first token, and how many streams the model's worker had in flight at the time.
 
-Fed by request accounting (`gateway.session.RequestScope`): `begin()` when a chat or completion request takes
+Fed by request accounting (`gateway.serving.session.RequestScope`): `begin()` when a chat or completion request takes
 its admission slot, `end()` when it finishes. The window is each model's last WINDOW_REQUESTS completed
 requests (status 200, usage known; refused, failed and abandoned ones are not samples), whatever their age:
 `window_age_s` says how old its oldest is. Per request:
@@ -124,7 +124,7 @@ class LiveSpeed:
         cached_tokens: int = 0,
     ) -> Sample | None:
         """The request ended; a completed one with usage (`tokens`: prompt, generated; `cached_tokens` of the
-        prompt from the prefix cache) becomes a sample. The times are the relay's (`gateway.relay.StreamStats`),
+        prompt from the prefix cache) becomes a sample. The times are the relay's (`gateway.serving.relay.StreamStats`),
         on this object's clock. A second call does nothing."""
         state = self._state(flight.model)
         if flight not in state.flights:

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error, sse_error_frame
-from gateway.upstream import transport_error
+from gateway.serving.upstream import transport_error
 
 DONE_FRAME = b"data: [DONE]\n\n"
 KEEPALIVE_FRAME = b": keep-alive\n\n"

@@ -20,8 +20,8 @@ from backends.request import AnyEngineRequest, RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletion, Completion
 from gateway.protocol.rerank import RerankResponse
-from gateway.session import CLIENT_GONE, RequestScope
-from gateway.upstream import Upstream
+from gateway.serving.session import CLIENT_GONE, RequestScope
+from gateway.serving.upstream import Upstream
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""ops: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""serving: see docs/architecture.md."""
