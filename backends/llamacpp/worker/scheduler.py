@@ -53,6 +53,7 @@ from backends.llamacpp.worker.tickets import (
     FinishReason,
     GenerationRequest,
     Outbox,
+    Started,
     TextDelta,
     Ticket,
     TokenLogprob,
@@ -293,6 +294,8 @@ class Scheduler:
             seq.cached_tokens = self._trim(slot, len(prompt) - 1)
         self._running.append(seq)
         self._update_kv_stats()
+        if ticket.request.report_start:
+            self._outbox.put(ticket, Started(self._usage(seq)))
 
     def _trim(self, slot: Slot, keep: int) -> int:
         """Cut a slot's KV to its first `keep` positions (all of it if llama.cpp cannot); what is kept."""
