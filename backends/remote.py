@@ -13,7 +13,7 @@ from backends.base import (
     UpstreamError,
     normalize_openai_error,
 )
-from backends.request import AnyEngineRequest
+from backends.request import AnyEngineRequest, EngineRequest
 
 
 class RemoteAdapter:
@@ -30,7 +30,10 @@ class RemoteAdapter:
         raise TypeError(f"model {plan.model!r} is served by {plan.remote_url}; there is no process to launch")
 
     def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
-        """The endpoint speaks OpenAI's dialect; the gateway already set the model name it knows."""
+        """The endpoint speaks OpenAI's dialect; the gateway already set the model name it knows. voltgate's own
+        `stream_options.include_prompt_usage` is left out (OpenAI refuses what it does not know)."""
+        if isinstance(request, EngineRequest):
+            request = request.without_prompt_usage()
         return request.wire()
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:

@@ -173,7 +173,13 @@ class ResponseFormat(_Frozen):
 
 
 class StreamOptions(_Frozen):
+    """`include_usage`: a last chunk with the stream's usage (OpenAI's). `include_prompt_usage` (voltgate's,
+    a narrower vLLM `continuous_usage_stats`): the first chunk also carries `usage`, with the prompt's tokens
+    (and the cached ones) and 0 completion tokens, sent once the prompt has a slot; the Messages API reads
+    it for `message_start`. An engine that does not know it sends its first chunk without usage."""
+
     include_usage: bool = False
+    include_prompt_usage: bool | None = None  # None: left out of the wire, which other engines may refuse
 
 
 class EngineRequest(_Frozen):
@@ -246,6 +252,23 @@ class EngineRequest(_Frozen):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def include_prompt_usage(self) -> bool:
+        return self.stream_options is not None and bool(self.stream_options.include_prompt_usage)
+
+    def asking_prompt_usage(self) -> EngineRequest:
+        """This streamed request, its first chunk asked to carry the prompt's usage (see `StreamOptions`)."""
+        if not self.stream:
+            return self
+        options = StreamOptions(include_usage=self.include_usage, include_prompt_usage=True)
+        return self.model_copy(update={"stream_options": options})
+
+    def without_prompt_usage(self) -> EngineRequest:
+        """This request without `include_prompt_usage`, for an engine that does not know it."""
+        if not self.include_prompt_usage:
+            return self
+        return self.model_copy(update={"stream_options": StreamOptions(include_usage=self.include_usage)})
 
     @property
     def active_tools(self) -> tuple[Tool, ...]:

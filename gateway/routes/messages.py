@@ -29,7 +29,7 @@ from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession, UnaryResult
 from gateway.translate import MessagesStream, messages, new_id, parse_body
 from gateway.translate.chunk_loop import translated_events
-from gateway.translate.params import MESSAGES, chat_request, renamed
+from gateway.translate.params import MESSAGES, renamed, translated_request
 
 router = APIRouter()
 
@@ -62,7 +62,7 @@ async def _submit(
     app, ctx, raw = await begin(request, RequestKind.CHAT, api=api)
     try:
         req, body = parse(raw)
-        chat = chat_request(body, MESSAGES)
+        chat = translated_request(body, MESSAGES, messages.MessagesChatRequest)
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise

@@ -113,7 +113,8 @@ def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         stats.cached_tokens = cached if isinstance(cached, int) else 0
-        stats.completion_tokens = usage.get("completion_tokens")
+        if data.get("choices") == [] or usage.get("completion_tokens"):  # not a first chunk's prompt usage
+            stats.completion_tokens = usage.get("completion_tokens")
     return usage is not None and data.get("choices") == []
 
 

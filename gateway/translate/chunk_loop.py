@@ -22,7 +22,10 @@ Events = list[dict[str, Any]]
 class ChunkRenderer(Protocol):
     """One API's rendering of a chat stream (one instance per request; see `MessagesStream`)."""
 
-    def start(self) -> Events: ...
+    def start(self) -> Events:
+        """What goes out at once (Responses: response.created; Messages: nothing, its message_start waits
+        for the first chunk's prompt usage)."""
+        ...
 
     def keepalive(self) -> Events:
         """An event that counts as activity while the stream waits."""
@@ -52,11 +55,13 @@ class ChunkSource(Protocol):
 async def translated_events(
     session: ChunkSource, renderer: ChunkRenderer, *, before_end: Callable[[], Awaitable[None]] | None = None
 ) -> AsyncIterator[bytes]:
-    """The API's event stream over the session's chunks: its start at once, a keep-alive event with every
+    """The API's event stream over the session's chunks: its start at once (if any), a keep-alive event with every
     comment said while it waits, the events of each chunk, and one end (`finish`, or `broke` when the stream
     broke or could not be rendered). `before_end` runs just before the end is sent (Responses stores the
     response there). The session is closed by the caller."""
-    yield encode_events(renderer.start())
+    opening = renderer.start()
+    if opening:
+        yield encode_events(opening)
     ending: Events | None = None
     async with contextlib.aclosing(session.chunks()) as chunks:
         try:

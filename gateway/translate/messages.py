@@ -12,7 +12,9 @@ import json
 from typing import Any
 
 from backends.overflow import anthropic_overflow_message, overflow_counts
+from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol import ChatCompletionRequest
 from gateway.protocol.anthropic import (
     CountTokensRequest,
     ImageBlock,
@@ -22,6 +24,7 @@ from gateway.protocol.anthropic import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.serving.engine_requests import EngineTarget
 
 # -- request ----------------------------------------------------------------------------------------------
 
@@ -140,6 +143,15 @@ def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
     if choice.disable_parallel_tool_use:
         out["parallel_tool_calls"] = False
     return out
+
+
+class MessagesChatRequest(ChatCompletionRequest):
+    """The chat request a Messages request becomes (`to_chat`, then `params.chat_request`). Streamed, it asks
+    the engine to put the prompt's usage in its first chunk (`stream_options.include_prompt_usage`), so
+    that message_start reports `input_tokens` and `cache_read_input_tokens` as Anthropic's does."""
+
+    def to_engine(self, target: EngineTarget) -> EngineRequest:
+        return super().to_engine(target).asking_prompt_usage()
 
 
 def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:

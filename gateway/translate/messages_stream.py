@@ -1,13 +1,17 @@
 """Streamed chat chunks → Anthropic's Messages stream events.
 
+    ping…  (while it waits: queued, loading, or until its prompt has a slot)
     message_start → ping
     per text run:  content_block_start(text) → content_block_delta(text_delta)… → content_block_stop
     per tool call: content_block_start(tool_use) → content_block_delta(input_json_delta)… → content_block_stop
     message_delta (stop_reason, stop_sequence, usage) → message_stop        — or, on failure, error
 
-Input tokens are only known when the chat stream's usage chunk arrives, so message_start reports 0 and
-message_delta carries the real `input_tokens`, `cache_read_input_tokens` (the prompt's prefix-cache hit) and
-`output_tokens` (the SDK and Claude Code take them from there).
+message_start goes out with the first chat chunk, whose `usage` (asked with the engine request's
+`stream_options.include_prompt_usage`, which our llama.cpp worker honours once the prompt has its slot)
+gives its `input_tokens` and `cache_read_input_tokens`, as Anthropic's message_start has them (Claude Code
+reads them there). A first chunk without usage (LMDeploy, a remote endpoint) leaves them 0 until
+message_delta, which always carries the final `input_tokens`, `cache_read_input_tokens` (the prompt's
+prefix-cache hit) and `output_tokens`. Anthropic's SDKs skip `ping` wherever it comes.
 Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids.
 """
 
@@ -40,8 +44,9 @@ class _ToolUse:
 class MessagesStream:
     """Translate one streamed chat completion into Anthropic stream events; one instance per request.
 
-    Call `start()` (optional: the first `feed()` starts too), `feed()` with every typed chat chunk in
-    order, then exactly one of `finish()` or `fail()` (`broke()`); later calls return no events. Blocks are
+    Call `feed()` with every typed chat chunk in order (the first opens the message), `keepalive()` while
+    waiting, then exactly one of `finish()` or `fail()` (`broke()`); later calls return no events (an end
+    before any chunk opens the message first, with zero usage). Blocks are
     sequential: a tool call whose arguments continue after a later block began cannot be streamed
     faithfully, so `feed()` raises a 502 `GatewayError` for it; the caller then calls `fail()`.
     Not thread-safe.
@@ -60,25 +65,21 @@ class MessagesStream:
         self._usage: dict[str, Any] | None = None
 
     def start(self) -> list[dict[str, Any]]:
-        """message_start and a ping, once."""
-        if self._started:
-            return []
-        self._started = True
-        message = self._message(content=[], stop=(None, None), usage=usage(None))
-        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+        """Nothing at once: message_start waits for the first chunk and its prompt usage (`feed`)."""
+        return []
 
     def keepalive(self) -> list[dict[str, Any]]:
         """A `ping` event while the stream waits (queued, loading, prefilling), as Anthropic's streams have
         them: SDKs and Claude Code count events, not SSE comments, as activity."""
-        return [] if self._ended else [*self.start(), {"type": "ping"}]
+        return [] if self._ended else [{"type": "ping"}]
 
     def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
         """The events for one `chat.completion.chunk`."""
         if self._ended:
             return []
-        events = self.start()
         if chunk.usage is not None:
             self._usage = chunk.usage.model_dump(mode="json")
+        events = self._begin()
         for choice in chunk.choices:
             delta = choice.delta
             if delta.content:
@@ -94,7 +95,7 @@ class MessagesStream:
         """Close the open block, then message_delta (stop reason, usage) and message_stop."""
         if self._ended:
             return []
-        events = self.start()
+        events = self._begin()
         events += self._close_current()
         self._ended = True
         reason, sequence = self._stop()
@@ -118,7 +119,7 @@ class MessagesStream:
         if self._ended:
             return []
         self._ended = True
-        return [*self.start(), anthropic_error(status, message)]
+        return [*self._begin(), anthropic_error(status, message)]
 
     def final_message(self) -> dict[str, Any]:
         """The Message as accumulated so far; tool inputs parsed (a non-object raises a 502 `GatewayError`)."""
@@ -135,6 +136,14 @@ class MessagesStream:
         return self._message(content=content, stop=stop, usage=usage(self._usage))
 
     # -- internals ------------------------------------------------------------------------------------
+    def _begin(self) -> list[dict[str, Any]]:
+        """message_start (with the usage known so far: the first chunk's prompt counts) and a ping, once."""
+        if self._started:
+            return []
+        self._started = True
+        message = self._message(content=[], stop=(None, None), usage=usage(self._usage))
+        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+
     def _message(
         self, *, content: list[dict[str, Any]], stop: tuple[Any, Any], usage: dict[str, Any]
     ) -> dict[str, Any]:

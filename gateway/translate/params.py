@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
@@ -80,10 +80,18 @@ def renamed(error: GatewayError, names: ParamNames) -> GatewayError:
     return GatewayError(error.code, message, param=param, retry_after_s=error.retry_after_s, status=error.status)
 
 
+C = TypeVar("C", bound=ChatCompletionRequest)
+
+
 def chat_request(body: dict[str, Any], names: ParamNames) -> ChatCompletionRequest:
     """A translated request as the gateway's chat request (validated from memory, never re-encoded as JSON);
     a refusal names the client's parameter."""
+    return translated_request(body, names, ChatCompletionRequest)
+
+
+def translated_request(body: dict[str, Any], names: ParamNames, request_type: type[C]) -> C:
+    """`chat_request` as a subclass of the chat request that shapes its own engine request."""
     try:
-        return validate_body(body, ChatCompletionRequest)
+        return validate_body(body, request_type)
     except GatewayError as exc:
         raise renamed(exc, names) from None

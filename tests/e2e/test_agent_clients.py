@@ -123,11 +123,13 @@ def claude_exchanges(name: str) -> list[dict[str, Any]]:
 
 
 def assert_claude_stream(response: httpx.Response, events: list[dict[str, Any]]) -> None:
-    """What Claude Code reads: message_start (then ping), balanced content blocks, message_delta with a
-    stop_reason and usage, message_stop; every event valid for the anthropic SDK."""
+    """What Claude Code reads: message_start (then ping; only pings before it, while the prompt waits for a slot)
+    with the prompt's usage, balanced content blocks, message_delta with a stop_reason and the same input usage,
+    message_stop; every event valid for the anthropic SDK."""
     assert response.status_code == 200, response.text
     kinds = [e["type"] for e in events]
-    assert kinds[0] == "message_start" and kinds[1] == "ping"
+    opened = kinds.index("message_start")
+    assert set(kinds[:opened]) <= {"ping"} and kinds[opened + 1] == "ping"
     assert kinds[-2:] == ["message_delta", "message_stop"]
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") >= 1
     for event in events:
@@ -136,6 +138,10 @@ def assert_claude_stream(response: httpx.Response, events: list[dict[str, Any]])
     delta = events[-2]
     assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
     assert delta["usage"]["input_tokens"] > 0 and delta["usage"]["output_tokens"] >= 1
+    start = events[opened]["message"]["usage"]
+    assert start["input_tokens"] > 0 and start["output_tokens"] == 0
+    for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        assert start[key] == delta["usage"][key]
 
 
 @pytest.mark.parametrize("fixture", ["claude_first_turn", "claude_tool_round_trip", "claude_resumed"])

@@ -102,6 +102,39 @@ def test_stream_accumulates_to_the_final_message(gateway: Gateway) -> None:
     assert unary.content[0].text == final.content[0].text  # type: ignore[union-attr]
 
 
+def test_message_start_reports_the_prompts_tokens_and_a_resent_prompt_its_cache_hit(gateway: Gateway) -> None:
+    """message_start carries the real `input_tokens` (Anthropic sends them there; Claude Code reads them), the
+    same as the final usage; sent again, the prompt's prefix-cache hit is `cache_read_input_tokens` there too."""
+    question = [{"role": "user", "content": "Name the largest planet of the solar system, in one word."}]
+    starts, finals = [], []
+    for _ in range(2):
+        with client(gateway).messages.stream(model=MODEL, max_tokens=4, messages=question, extra_body=GREEDY) as stream:
+            events = list(stream)
+            final = stream.get_final_message()
+        assert events[0].type == "message_start"
+        starts.append(events[0].message.usage)  # type: ignore[union-attr]
+        finals.append(final.usage)
+    for start, final in zip(starts, finals, strict=True):
+        assert start.input_tokens == final.input_tokens > 0
+        assert start.cache_read_input_tokens == final.cache_read_input_tokens
+        assert start.output_tokens == 0 and final.output_tokens > 0
+    assert (starts[1].cache_read_input_tokens or 0) > 0
+    assert prompt_tokens(starts[1]) == prompt_tokens(starts[0])
+
+
+def test_the_chat_pass_through_sends_usage_only_in_its_last_chunk(gateway: Gateway) -> None:
+    """The first-chunk usage the Messages API asks for is never on an OpenAI chat stream: usage comes in the last
+    chunk when asked for (`include_usage`), and not at all otherwise."""
+    chat = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    for options in ({"include_usage": True}, None):
+        chunks = list(chat.chat.completions.create(
+            model=MODEL, messages=SHORT, max_tokens=4, stream=True, temperature=0,
+            **({"stream_options": options} if options else {}),  # type: ignore[arg-type]
+        ))  # fmt: skip
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [options is not None]
+
+
 def test_a_forced_tool_use_then_its_result_gets_a_text_answer(gateway: Gateway) -> None:
     ask = {"role": "user", "content": "What is the weather in Paris?"}
     called = create(
@@ -282,15 +315,18 @@ async def test_queued_messages_and_responses_streams_hear_keepalives_and_the_sdk
         body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": SHORT}
         async with http.stream("POST", keyed.url + "/v1/messages", json=body, headers={"x-api-key": KEY}) as raw:
             assert raw.status_code == 200
-            lines = raw.aiter_lines()
-            seen = [await anext(lines) for _ in range(6)]  # message_start and ping, then what it waits for
-            seen.append(await anext(lines))
+            lines = raw.aiter_lines()  # the headers are here; message_start waits for the prompt's slot
+            seen = [await anext(lines)]
             assert seen[-1].startswith(": waiting for a free slot"), seen
+            seen += [await anext(lines) for _ in range(3)]  # a ping with it: an event the SDKs and agents count
+            assert seen[1:3] == ["", "event: ping"], seen
             release.set()
             await holder
             rest = [line async for line in lines]
         events = [line[7:] for line in seen + rest if line.startswith("event: ")]
-        assert events[0] == "message_start" and events[-1] == "message_stop"
+        assert set(events[: events.index("message_start")]) == {"ping"} and events[-1] == "message_stop"
+        start = json.loads(next(line for line in rest if line.startswith('data: {"type":"message_start"'))[6:])
+        assert start["message"]["usage"]["input_tokens"] > 0
 
         release = asyncio.Event()
         holder = asyncio.create_task(_holding_the_slot(http, keyed, release))

@@ -212,8 +212,43 @@ async def test_stream_sends_role_then_content_then_finish_usage_and_done(client:
     assert usage_chunk.choices == []
     assert usage_chunk.usage is not None
     assert usage_chunk.usage.completion_tokens == 10
+    assert all(c.usage is None for c in chunks[:-1])  # OpenAI's stream: usage only in the last chunk
     non_stream = await post(client, "/v1/chat/completions", chat_body("Count to five.", temperature=0, max_tokens=10))
     assert streamed_text(events) == non_stream["choices"][0]["message"]["content"]
+
+
+async def test_a_stream_asked_for_prompt_usage_opens_with_the_prompts_counts(client: httpx.AsyncClient) -> None:
+    """`stream_options.include_prompt_usage` (what the gateway asks for Anthropic's message_start): the first
+    chunk carries the prompt's tokens and its cached part, 0 completion tokens; the last the whole usage."""
+    options = {"include_usage": True, "include_prompt_usage": True}
+    content = "Name three colours of the rainbow, please."
+    openings = []
+    for _ in range(2):  # the same prompt again: its prefix is cached
+        body = chat_body(content, temperature=0, max_tokens=4, stream=True, n=2, stream_options=options)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            events = await stream_events(response)
+        chunks = [ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+        first, final = chunks[0].usage, chunks[-1].usage
+        assert first is not None and final is not None and chunks[-1].choices == []
+        assert [(c.choices[0].index, c.choices[0].delta.role) for c in chunks[:2]] == [
+            (0, "assistant"),
+            (1, "assistant"),
+        ]
+        assert all(c.usage is None for c in chunks[1:-1])
+        assert (first.prompt_tokens, first.completion_tokens, first.total_tokens) == (
+            final.prompt_tokens,
+            0,
+            final.prompt_tokens,
+        )
+        assert first.prompt_tokens_details == final.prompt_tokens_details and final.completion_tokens == 8
+        openings.append(first)
+    assert openings[1].prompt_tokens_details is not None
+    assert openings[1].prompt_tokens_details.cached_tokens == openings[1].prompt_tokens - 1  # all but the last
+    text = {"model": MODEL, "prompt": "One, two,", "max_tokens": 3, "stream": True, "stream_options": options}
+    async with client.stream("POST", "/v1/completions", json=text) as response:
+        events = await stream_events(response)
+    assert events[0]["choices"][0]["text"] == "" and events[0]["usage"]["completion_tokens"] == 0
+    assert events[0]["usage"]["prompt_tokens"] == events[-2]["usage"]["prompt_tokens"] > 0
 
 
 async def test_completion_stream_has_no_usage_chunk_unless_asked(client: httpx.AsyncClient) -> None:

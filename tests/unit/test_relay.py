@@ -152,3 +152,20 @@ async def test_the_usage_frame_tells_how_much_of_the_prompt_came_from_the_prefix
     _ = [f async for f in relay_stream(frames(CHUNK, USAGE, DONE_FRAME), bare, model="m", include_usage=False,
                                        keepalive_s=10)]  # fmt: skip
     assert bare.cached_tokens == 0  # an engine that does not say: nothing cached
+
+
+async def test_a_first_chunks_prompt_usage_counts_the_prompt_but_no_completion_tokens() -> None:
+    """`include_prompt_usage` (Messages streams): the first chunk's usage gives the prompt's counts; a stream cut
+    after it still counts its content chunks as generated tokens, as one without any usage would."""
+    first = (
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],'
+        b'"usage":{"prompt_tokens":9,"completion_tokens":0,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":6}}}\n\n'
+    )
+    stats = StreamStats()
+    out = [f async for f in relay_stream(frames(first, CHUNK, CHUNK), stats, model="m", include_usage=False,
+                                         keepalive_s=10)]  # fmt: skip
+    assert out[0] == first  # relayed: it is a chunk with a choice, not the usage-only frame
+    assert (stats.prompt_tokens, stats.cached_tokens, stats.completion_tokens) == (9, 6, None)
+    _ = [f async for f in relay_stream(frames(first, CHUNK, USAGE, DONE_FRAME), stats, model="m", include_usage=False,
+                                       keepalive_s=10)]  # fmt: skip
+    assert (stats.prompt_tokens, stats.completion_tokens) == (3, 1)  # the final usage-only frame wins

@@ -283,3 +283,45 @@ def test_a_request_the_sdk_builds_parses_and_translates() -> None:
     body = to_chat(req)
     assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
     assert body["parallel_tool_calls"] is False and body["stop"] == ["END"] and body["user"] == "u1"
+
+
+def prompt_usage_chunk(prompt: int, cached: int) -> dict[str, Any]:
+    """The worker's first chunk when asked `include_prompt_usage`: the role delta with the prompt's usage."""
+    first = chunk({"role": "assistant", "content": ""})
+    usage = {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+    return first | {"usage": usage | {"prompt_tokens_details": {"cached_tokens": cached}}}
+
+
+def test_message_start_waits_for_the_first_chunk_and_reports_its_prompt_usage() -> None:
+    stream = MessagesStream(request(), message_id="msg_s")
+    assert stream.start() == [] and stream.keepalive() == [{"type": "ping"}]  # waiting: pings, no message yet
+    events = stream.feed(typed(prompt_usage_chunk(21, 16)))
+    assert types(events) == ["message_start", "ping"]
+    assert events[0]["message"]["usage"] == {
+        "input_tokens": 5, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 16,
+    }  # fmt: skip
+    events += stream.feed(typed(chunk({"content": "Hi"}))) + stream.feed(typed(chunk(finish="stop")))
+    events += stream.feed(typed(usage_chunk(21, 1) | {"usage": usage_chunk(21, 1)["usage"] | {
+        "prompt_tokens_details": {"cached_tokens": 16}}})) + stream.finish()  # fmt: skip
+    check(events)
+    assert events[-2]["usage"] == {
+        "output_tokens": 1, "input_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 16,
+    }  # fmt: skip
+    with sdk_client([{"type": "ping"}, *events]).messages.stream(model="smol", max_tokens=8, messages=[]) as sdk:
+        kinds = [event.type for event in sdk]  # a ping before message_start is skipped like any other
+        final = sdk.get_final_message()
+    assert kinds[0] == "message_start" and (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (5, 16)
+
+
+def test_a_first_chunk_without_usage_starts_the_message_with_zero_input_tokens() -> None:
+    """LMDeploy and remote endpoints know no `include_prompt_usage`: message_start says 0, message_delta counts."""
+    events, _ = run(TEXT)
+    assert events[0]["message"]["usage"]["input_tokens"] == 0 and events[-2]["usage"]["input_tokens"] == 21
+
+
+def test_a_failure_before_any_chunk_starts_the_message_then_sends_the_error_event() -> None:
+    stream = MessagesStream(request(), message_id="m")
+    events = stream.keepalive() + stream.fail(429, "queued too long")
+    assert types(events) == ["ping", "message_start", "ping", "error"]
+    assert events[-1] == {"type": "error", "error": {"type": "rate_limit_error", "message": "queued too long"}}
+    assert stream.keepalive() == [] and stream.finish() == []

@@ -146,11 +146,14 @@ async def test_comments_said_while_waiting_pass_through_both_apis_with_an_event_
     store = ResponseStore(tmp_path)
     responses_frames = [frame async for frame in turn(store, store=False).events(FakeSession(chunks))]  # type: ignore[arg-type]
     store.close()
-    for frames, keepalive in ((messages_frames, "ping"), (responses_frames, "response.in_progress")):
+    # Messages sends nothing before it waits (its message_start waits for the first chunk's prompt usage);
+    # Responses sends response.created at once.
+    for frames, keepalive, before in ((messages_frames, "ping", 0), (responses_frames, "response.in_progress", 1)):
         waited = next(i for i, frame in enumerate(frames) if frame.startswith(waiting))
-        assert waited == 1  # right after message_start / response.created
+        assert waited == before
         assert [e["type"] for e in parse([frames[waited]])] == [keepalive]
         assert parse(frames)[-1]["type"] in ("message_stop", "response.completed")
+    assert [e["type"] for e in parse(messages_frames)][:3] == ["ping", "message_start", "ping"]
 
 
 async def test_a_completed_message_stream_ends_with_its_usage() -> None:

@@ -205,6 +205,7 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
             logprobs=top,
             shown_specials=prepared.shown_specials,
             images=prepared.images,
+            report_start=i == 0 and request.stream and request.include_prompt_usage,
         )
         for i in range(request.n)
     ]
@@ -275,7 +276,7 @@ class _Routes:
             for i, t in enumerate(tickets)
         ]
         if engine_request.stream:
-            frames = replies.stream(choices, render, engine_request.include_usage)
+            frames = replies.stream(choices, render, engine_request.include_usage, engine_request.include_prompt_usage)
             return EventStream(frames, lambda: cancel_all(choices))
         return await replies.collect(choices, render, request.receive)
 

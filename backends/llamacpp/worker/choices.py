@@ -71,7 +71,7 @@ async def events(choices: Sequence[Choice]) -> AsyncIterator[tuple[Choice, Event
         while True:
             event = await choices[0].ticket.next_event()
             yield choices[0], event
-            if not isinstance(event, TextDelta):
+            if isinstance(event, (Finished, Failed)):
                 return
     queue: asyncio.Queue[tuple[Choice, Event]] = asyncio.Queue()
 
@@ -79,7 +79,7 @@ async def events(choices: Sequence[Choice]) -> AsyncIterator[tuple[Choice, Event
         while True:
             event = await choice.ticket.next_event()
             queue.put_nowait((choice, event))
-            if not isinstance(event, TextDelta):
+            if isinstance(event, (Finished, Failed)):
                 return
 
     tasks = [asyncio.create_task(pump(c)) for c in choices]
@@ -87,7 +87,7 @@ async def events(choices: Sequence[Choice]) -> AsyncIterator[tuple[Choice, Event
         open_choices = len(choices)
         while open_choices:
             item = await queue.get()
-            if not isinstance(item[1], TextDelta):
+            if isinstance(item[1], (Finished, Failed)):
                 open_choices -= 1
             yield item
     finally:

@@ -20,18 +20,31 @@ from backends.llamacpp.worker.choices import (
     total_usage,
 )
 from backends.llamacpp.worker.httpkit import client_closed, watch_disconnect
-from backends.llamacpp.worker.tickets import Failed, TextDelta
-from backends.llamacpp.worker.wire import SSE_DONE, Renderer, sse
+from backends.llamacpp.worker.tickets import Failed, Started, TextDelta, Usage
+from backends.llamacpp.worker.wire import SSE_DONE, Renderer, sse, usage_body
 
 
-async def stream(choices: Sequence[Choice], render: Renderer, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE frames: each choice's role delta, its content/tool-call deltas, its finish; then usage, [DONE]."""
+async def stream(
+    choices: Sequence[Choice], render: Renderer, include_usage: bool, prompt_usage: bool = False
+) -> AsyncIterator[bytes]:
+    """SSE frames: each choice's role delta, its content/tool-call deltas, its finish; then usage, [DONE].
+
+    With `prompt_usage` (`stream_options.include_prompt_usage`) the opening waits until the prompt has its
+    slot (the first choice's `Started`) and its first chunk carries the prompt's usage; otherwise the opening
+    goes out at once, without usage."""
     chat = render.kind == "chat"
-    if chat:
-        for c in choices:
-            yield sse(render.chunk({"role": "assistant", "content": ""}, index=c.index))
+    opened = not prompt_usage
+    if opened:
+        for frame in _opening(choices, render, None):
+            yield frame
     offsets = [0] * len(choices)
     async for choice, event in events(choices):
+        if not opened and not isinstance(event, Failed):
+            opened = True
+            for frame in _opening(choices, render, event.usage if isinstance(event, Started) else None):
+                yield frame
+        if isinstance(event, Started):
+            continue
         if isinstance(event, TextDelta):
             if chat:
                 for delta in on_text(choice, event):
@@ -55,6 +68,18 @@ async def stream(choices: Sequence[Choice], render: Renderer, include_usage: boo
     if include_usage:
         yield sse(render.usage_chunk(total_usage(choices)))
     yield SSE_DONE
+
+
+def _opening(choices: Sequence[Choice], render: Renderer, usage: Usage | None) -> list[bytes]:
+    """A chat stream's role delta per choice (a completion stream has none); the first carries `usage` when
+    given (a completion stream then opens with an empty text chunk for it)."""
+    if render.kind == "chat":
+        bodies = [render.chunk({"role": "assistant", "content": ""}, index=c.index) for c in choices]
+    else:
+        bodies = [render.text_chunk("")] if usage is not None else []
+    if usage is not None:
+        bodies[0]["usage"] = usage_body(usage)
+    return [sse(body) for body in bodies]
 
 
 def _chat_lp(choice: Choice) -> dict[str, Any] | None:
@@ -82,6 +107,8 @@ async def collect(choices: Sequence[Choice], render: Renderer, receive: Receive)
                     else:
                         texts[choice.index].append(event.text)
                         choice.every += event.logprobs
+                elif isinstance(event, Started):
+                    continue
                 elif isinstance(event, Failed):
                     return failure(event).response()
                 elif event.reason == "cancelled" and not choice.output.done:

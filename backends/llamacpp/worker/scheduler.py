@@ -6,9 +6,8 @@ Concurrency contract
   llama.cpp for decoding.
 * The asyncio side talks to it through `Scheduler.submit`/`submit_group` (atomic admission check, may
   raise `QueueFullError`), `Ticket.cancel` and `Scheduler.stats`; all of them only take a short lock.
-* The engine hands events (`TextDelta`, then exactly one `Finished` or `Failed`) to each request's
-  asyncio queue through an `Outbox`, flushed once per step right before the next decode (see
-  `tickets` for why a courier thread wakes the event loop).
+* The engine hands events (`Started` if asked, `TextDelta`s, then one `Finished` or `Failed`) to each
+  request's queue through an `Outbox`, flushed once per step before the next decode (`tickets` says why).
 * A cancelled request leaves before the next decode step, so it costs at most one more token.
 
 Batch layout
@@ -53,6 +52,7 @@ from backends.llamacpp.worker.tickets import (
     FinishReason,
     GenerationRequest,
     Outbox,
+    Started,
     TextDelta,
     Ticket,
     TokenLogprob,
@@ -263,7 +263,7 @@ class Scheduler:
             self._admit(ticket, key)
         for seq in [s for s in self._running if s.ticket.cancelled]:
             self._log_abort(seq.request, f"after {seq.n_generated} tokens")
-            self._release(seq, Finished("cancelled", self._usage(seq)), aborted=True)
+            self._release(seq, Finished("cancelled", seq.usage()), aborted=True)
         return True
 
     def _admit(self, ticket: Ticket, group: int) -> None:
@@ -293,6 +293,8 @@ class Scheduler:
             seq.cached_tokens = self._trim(slot, len(prompt) - 1)
         self._running.append(seq)
         self._update_kv_stats()
+        if ticket.request.report_start:
+            self._outbox.put(ticket, Started(seq.usage()))
 
     def _trim(self, slot: Slot, keep: int) -> int:
         """Cut a slot's KV to its first `keep` positions (all of it if llama.cpp cannot); what is kept."""
@@ -429,7 +431,7 @@ class Scheduler:
         out_of_tokens = request.max_tokens is not None and seq.n_generated >= request.max_tokens
         out_of_context = len(request.prompt) + seq.n_generated >= self._n_ctx
         if emitted.stopped:
-            self._release(seq, Finished("stop", self._usage(seq)), aborted=False)
+            self._release(seq, Finished("stop", seq.usage()), aborted=False)
         elif out_of_tokens or out_of_context:
             self._finish(seq, "length")
         else:
@@ -441,7 +443,7 @@ class Scheduler:
         delta = emitted.delta()
         if delta is not None:
             self._outbox.put(seq.ticket, delta)
-        self._release(seq, Finished("stop" if emitted.stopped else reason, self._usage(seq)), aborted=False)
+        self._release(seq, Finished("stop" if emitted.stopped else reason, seq.usage()), aborted=False)
 
     def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
@@ -471,9 +473,6 @@ class Scheduler:
         elif isinstance(event, Failed):
             log.error("request %s failed: %s", seq.request.request_id, event.message)
         self._outbox.put(seq.ticket, event)
-
-    def _usage(self, seq: SeqState) -> Usage:
-        return Usage(len(seq.request.prompt), seq.n_generated, seq.cached_tokens)
 
     def _log_abort(self, request: GenerationRequest, when: str) -> None:
         log.info("request %s aborted %s (client disconnected)", request.request_id, when)

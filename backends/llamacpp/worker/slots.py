@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from backends.llamacpp.worker.logprobs import LogprobQueue
 from backends.llamacpp.worker.text import StopMatcher, Utf8Stream
-from backends.llamacpp.worker.tickets import TextDelta, Ticket, TokenLogprob
+from backends.llamacpp.worker.tickets import TextDelta, Ticket, TokenLogprob, Usage
 
 if TYPE_CHECKING:  # the slot logic runs without llama.cpp loaded (its unit tests stay native-free)
     from backends.llamacpp.worker.native import Model, Sampler
@@ -74,6 +74,10 @@ class SeqState:
     @property
     def prefill_left(self) -> int:
         return len(self.request.prompt) - len(self.slot.cached)
+
+    def usage(self) -> Usage:
+        """Its token counts so far: the whole prompt, the tokens generated, the prompt tokens it reused."""
+        return Usage(len(self.request.prompt), self.n_generated, self.cached_tokens)
 
     @property
     def prefilling(self) -> bool:

@@ -10,6 +10,7 @@ Concurrency contract
   start the next decode. The courier can only get the GIL once the engine has entered `llama_decode`
   (native code, GIL released), so the asyncio side works while the model computes.
 * Events of one ticket arrive in the order they were put, and nothing follows its `Finished` or `Failed`.
+  A ticket that asked for it gets `Started` first (when it takes its slot), then text.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class GenerationRequest:
     """The prompt's images, in order. At their positions `prompt` holds placeholder ids (negative, one per
     image, from its digest: `vision.cache_tokens`), so prefix reuse matches only the same image; those
     positions are never put in a token batch."""
+    report_start: bool = False
+    """Put a `Started` event (the prompt's usage) when the request gets its slot."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
@@ -143,6 +146,15 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The request has its slot: `usage` counts its prompt and the part of it reused from the cache (0
+    completion tokens). Put only for a request that asked (`GenerationRequest.report_start`), before any
+    other event of its ticket."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True)
 class Finished:
     reason: FinishReason
     usage: Usage
@@ -154,7 +166,7 @@ class Failed:
     retryable: bool = False  # True when the worker is shutting down, not when the request broke it
 
 
-Event = TextDelta | Finished | Failed
+Event = Started | TextDelta | Finished | Failed
 
 
 class Ticket:

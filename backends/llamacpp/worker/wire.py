@@ -79,7 +79,8 @@ class Renderer:
     """Renders one response's JSON objects; every object carries the same id, created and model.
 
     Chunks never carry `"usage": null`: usage is a final chunk of its own (`choices: []`), sent only when
-    the request asked for it, as OpenAI's schema has it.
+    the request asked for it, as OpenAI's schema has it (and, asked with `include_prompt_usage`, on the
+    first chunk: the prompt's counts, 0 completion tokens).
     """
 
     kind: Kind
