@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from backends.errors import ErrorCode
 from backends.llamacpp.worker import replies
+from backends.llamacpp.worker.prompt_cache import PromptCache
 from backends.llamacpp.worker.choices import Choice, cancel_all
 from backends.llamacpp.worker.httpkit import (
     EventStream,
@@ -52,6 +53,8 @@ class WorkerSpec:
     max_queue: int
     fill_gaps: bool = False
     sampling_threads: int = 1
+    prompt_cache_mib: int = 0
+    """Host memory for KV states of overwritten slots (`prompt_cache`); 0 = off."""
     mmproj: Path | None = None
     """The multimodal projector GGUF: with one, requests may carry images."""
 
@@ -78,6 +81,7 @@ class _Engine:
             sampling_threads=spec.sampling_threads,
             on_fatal=on_fatal,
             images=self._eval_image if self.projector is not None else None,
+            prompt_cache=PromptCache(spec.prompt_cache_mib * 2**20),
         )
         self.scheduler.start()
 
