@@ -99,8 +99,10 @@ class PromptCache:
         return True
 
     def touch(self, entry: SavedPrompt, restored_tokens: int) -> None:
-        """`entry` was just restored: it becomes the most recently used."""
-        self._entries.move_to_end(entry.tokens)
+        """`entry` was just restored: it becomes the most recently used (if saving the slot it was loaded
+        into has not just pushed it out)."""
+        if entry.tokens in self._entries:
+            self._entries.move_to_end(entry.tokens)
         self._restored += 1
         self._restored_tokens += restored_tokens
 
