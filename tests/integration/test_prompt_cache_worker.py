@@ -23,7 +23,9 @@ SMALL_CACHE_MIB = "20"
 
 
 def document(topic: str) -> str:
-    facts = " ".join(f"Fact {i} about {topic}: the {topic} item number {i} weighs {i * 7 % 31} grams." for i in range(36))
+    facts = " ".join(
+        f"Fact {i} about {topic}: the {topic} item number {i} weighs {i * 7 % 31} grams." for i in range(36)
+    )
     return f"Read these notes on {topic} carefully. {facts}"
 
 
@@ -61,7 +63,11 @@ def ask(worker: Worker, text: str) -> tuple[str, int, int]:
     assert response.status_code == 200, response.text
     reply = response.json()
     usage = reply["usage"]
-    return reply["choices"][0]["message"]["content"], usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+    return (
+        reply["choices"][0]["message"]["content"],
+        usage["prompt_tokens"],
+        usage["prompt_tokens_details"]["cached_tokens"],
+    )
 
 
 def test_a_prefix_evicted_from_the_only_slot_comes_back_from_host_memory(smollm2_path: Path, tmp_path: Path) -> None:

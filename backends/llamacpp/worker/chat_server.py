@@ -18,7 +18,6 @@ from starlette.routing import Route
 
 from backends.errors import ErrorCode
 from backends.llamacpp.worker import replies
-from backends.llamacpp.worker.prompt_cache import PromptCache
 from backends.llamacpp.worker.choices import Choice, cancel_all
 from backends.llamacpp.worker.httpkit import (
     EventStream,
@@ -31,6 +30,7 @@ from backends.llamacpp.worker.httpkit import (
 )
 from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.output import ChatOutput
+from backends.llamacpp.worker.prompt_cache import PromptCache
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.worker.text import ChatTemplateError

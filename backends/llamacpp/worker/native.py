@@ -229,7 +229,9 @@ class Model:
         """A copy of one sequence's state in host memory (`size` from `seq_state_size`); None on failure."""
         state = bytearray(size)
         written = int(lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id))
-        return state[:written] if 0 < written < size else (state if written == size else None)
+        if written <= 0:
+            return None
+        return state if written == size else state[:written]
 
     def seq_state_restore(self, seq_id: int, state: bytearray) -> bool:
         """Load a `seq_state_save` copy into an empty sequence; False when llama.cpp refuses it (no room)."""

@@ -153,7 +153,9 @@ class HostPrompts:
             return
         slot.cached.extend(entry.tokens)
         self.cache.touch(entry, shared)
-        log.info("slot %d: restored %d saved tokens (%d shared with the prompt)", slot.seq_id, len(entry.tokens), shared)
+        log.info(
+            "slot %d: restored %d saved tokens (%d shared with the prompt)", slot.seq_id, len(entry.tokens), shared
+        )
 
     def _save(self, slot: Slot) -> None:
         size = self._model.seq_state_size(slot.seq_id)
