@@ -3,8 +3,12 @@ sequence-state calls: what is saved, what is restored (only the shared prefix's 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
+from backends.base import DeploymentPlan, EngineName, LlamaCppOptions
+from backends.llamacpp.adapter import LlamaCppAdapter
+from backends.llamacpp.worker.cli import build_parser
 from backends.llamacpp.worker.prompt_cache import MIN_SAVE_TOKENS, HostPrompts, PromptCache
 from backends.llamacpp.worker.slots import Slot, common_prefix_len
 
@@ -109,3 +113,21 @@ def test_a_refused_restore_leaves_an_empty_slot_and_drops_the_state() -> None:
     slot = slot_holding(model, TITLE[:10])
     prompts.prepare(slot, [*TOOLS, 1])
     assert slot.cached == [] and model.seqs[0] == [] and prompts.cache.stats().entries == 0
+
+
+def test_the_config_option_reaches_the_workers_command_line() -> None:
+    def plan(options: LlamaCppOptions) -> DeploymentPlan:
+        return DeploymentPlan(
+            model="m", engine=EngineName.LLAMACPP, source_path=Path("/m.gguf"), model_format="gguf",
+            context_tokens=512, llamacpp=options,
+        )  # fmt: skip
+
+    assert "--prompt-cache-mib" not in LlamaCppAdapter().launch_spec(plan(LlamaCppOptions()), 8123).argv
+    argv = list(LlamaCppAdapter().launch_spec(plan(LlamaCppOptions(prompt_cache_mib=0)), 8123).argv)
+    assert argv[argv.index("--prompt-cache-mib") + 1] == "0"
+    assert (
+        build_parser()
+        .parse_args(["--model", "m.gguf", "--model-name", "m", "--port", "1", "--ctx", "512", "--slots", "1"])
+        .prompt_cache_mib
+        == 2048
+    )
