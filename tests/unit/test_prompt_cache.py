@@ -99,6 +99,13 @@ def test_the_bound_evicts_the_oldest_and_covered_states() -> None:
     assert not cache.put(list(range(6000, 9000)), bytearray(3000))  # larger than the whole bound
 
 
+def test_the_number_of_states_is_bounded_too() -> None:
+    cache = PromptCache(10_000, max_entries=2)
+    for start in (100, 200, 300):
+        assert cache.put(list(range(start, start + 50)), bytearray(50))
+    assert cache.stats().entries == 2 and cache.best(list(range(100, 150))) is None
+
+
 def test_zero_turns_it_off() -> None:
     prompts, model = host(0)
     slot = slot_holding(model, TOOLS)

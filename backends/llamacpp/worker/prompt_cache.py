@@ -37,6 +37,10 @@ MIN_SAVE_TOKENS = 64
 
 DEFAULT_PROMPT_CACHE_MIB = 2048
 
+# Each admission compares its prompt with every saved state (in Python): many small states (a frontend's
+# title tasks) must not make that slow.
+MAX_ENTRIES = 64
+
 
 @dataclass(frozen=True)
 class SavedPrompt:
@@ -55,10 +59,12 @@ class PromptCacheStats:
 
 
 class PromptCache:
-    """Saved sequence states by their tokens, at most `limit_bytes` of them, least recently used out first."""
+    """Saved sequence states by their tokens, at most `limit_bytes` and `max_entries` of them, least recently
+    used out first."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
         self.limit_bytes = max(0, limit_bytes)
+        self._max_entries = max(1, max_entries)
         self._entries: OrderedDict[tuple[int, ...], SavedPrompt] = OrderedDict()  # oldest first
         self._bytes = 0
         self._saved = 0
@@ -91,7 +97,7 @@ class PromptCache:
         key = tuple(tokens)
         for other in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
             self._drop(other)
-        while self._entries and self._bytes + size > self.limit_bytes:
+        while self._entries and (self._bytes + size > self.limit_bytes or len(self._entries) >= self._max_entries):
             self._drop(next(iter(self._entries)))
         self._entries[key] = SavedPrompt(key, state)
         self._bytes += size

@@ -63,10 +63,8 @@ from backends.llamacpp.worker.waiting import WaitingQueue
 
 log = logging.getLogger("voltgate.worker")
 
-__all__ = [
-    "Event", "Failed", "Finished", "GenerationRequest", "QueueFullError", "Scheduler", "SchedulerClosedError",
-    "SchedulerStats", "TextDelta", "Ticket", "Usage"
-]  # fmt: skip
+__all__ = ["Event", "Failed", "Finished", "GenerationRequest", "QueueFullError", "Scheduler", "SchedulerClosedError",
+           "SchedulerStats", "TextDelta", "Ticket", "Usage"]  # fmt: skip
 
 _THROUGHPUT_WINDOW_S = 10.0
 
@@ -97,6 +95,8 @@ class SchedulerStats:
     prefill_tokens_total: int
     generation_tokens_total: int
     tokens_per_second: float
+    prompt_cache_states: int  # KV states saved to host memory (`prompt_cache`), and their bytes
+    prompt_cache_bytes: int
 
 
 class Scheduler:
@@ -201,6 +201,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         now = time.monotonic()
+        saved = self._host.cache.stats()  # two ints the engine thread updates: a snapshot, like the rest
         with self._cond:
             self._trim_recent(now)
             window_s = min(_THROUGHPUT_WINDOW_S, max(now - self._started_s, 1e-3))
@@ -218,6 +219,8 @@ class Scheduler:
                 prefill_tokens_total=c["prefilled"],
                 generation_tokens_total=c["generated"],
                 tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
+                prompt_cache_states=saved.entries,
+                prompt_cache_bytes=saved.bytes,
             )
 
     def _wake(self) -> None:
