@@ -34,6 +34,12 @@ class LlamaCppOptions(_Frozen):
     n_gpu_layers: int | None = Field(default=None, ge=-1, description="-1 = all; default from the plan")
     flash_attn: bool = True
     max_queue: int = Field(default=64, ge=0, description="requests waiting for a free slot before 429")
+    prompt_cache_mib: int | None = Field(
+        default=None,
+        ge=0,
+        description="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later "
+        "prompt shares more with it (llama-server's --cache-ram); 0 = off; default: the worker's (2048)",
+    )
 
 
 class LMDeployOptions(_Frozen):

@@ -58,6 +58,8 @@ class LlamaCppAdapter:
         ]  # fmt: skip
         if opts.n_threads is not None:
             argv += ["--n-threads", str(opts.n_threads)]
+        if opts.prompt_cache_mib is not None:
+            argv += ["--prompt-cache-mib", str(opts.prompt_cache_mib)]
         if not opts.flash_attn:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)

@@ -24,10 +24,15 @@ FIXTURE = load("openwebui_builtin_tools")
 CONTEXT = 8192  # the default config's context for SmolLM2
 
 
-@pytest.fixture(scope="module")
-def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+@pytest.fixture(scope="module", params=[2, 1], ids=["2-slots", "1-slot"])
+def gateway(
+    smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Gateway]:
+    """2 slots: the tasks take the other slot. 1 slot: they overwrite the tools prefix, which the worker
+    saves to host memory and restores for the next message (`llamacpp.prompt_cache_mib`)."""
     tmp = tmp_path_factory.mktemp("open-webui")
-    entry = model_entry(smollm2_path, context=CONTEXT, concurrency=2, default_max_tokens=48)
+    entry = model_entry(smollm2_path, context=CONTEXT, concurrency=request.param, default_max_tokens=48)
+    entry["llamacpp"] = {"n_threads": 1, "max_queue": 64, "prompt_cache_mib": 1024}
     gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log")
     try:
         gw.wait_ready()
@@ -66,6 +71,7 @@ def test_the_next_message_finds_the_tools_prefix_cached_after_the_background_tas
     history.append({"role": "user", "content": "Thanks! What can you do for me?"})
     _, second = _message(client, history)
     cached = second.prompt_tokens_details.cached_tokens
+    print(f"\nfirst prompt {first.prompt_tokens}, next prompt {second.prompt_tokens}, {cached} cached")
     # Everything up to the first user message's end was cached (the tools section, ~4,700 tokens).
     assert cached >= first.prompt_tokens - 16, (first, second)
     assert cached < second.prompt_tokens

@@ -1,4 +1,4 @@
-"""A chat frontend's session replayed on the real worker (two slots): each message, carrying a long system
+"""A chat frontend's session replayed on the real worker (two slots, then one): each message, carrying a long system
 prompt, is followed by its background tasks (title, tags, follow-ups: short prompts sharing nothing with it),
 as Open WebUI sends them. The next message must find its prefix still cached (issue 22)."""
 
@@ -28,23 +28,27 @@ TASKS = [
 ]
 
 
+def boot(smollm2_path: Path, log_path: Path, *extra: str) -> Worker:
+    process, url = start_worker(smollm2_path, log_path, "--ctx", "4096", "--n-threads", "1", *extra)
+    worker = Worker(url, log_path, process)
+    deadline = time.monotonic() + 120
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(worker.log())
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return worker
+        if time.monotonic() > deadline:
+            stop(process)
+            raise AssertionError("worker not healthy in 120 s")
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def worker(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    log_path = tmp_path_factory.mktemp("slot-choice") / "worker.log"
-    process, url = start_worker(smollm2_path, log_path, "--ctx", "4096", "--slots", "2", "--n-threads", "1")
-    worker = Worker(url, log_path, process)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, worker.log()
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "worker not healthy in 120 s"
-            time.sleep(0.1)
-        yield worker
-    finally:
-        stop(process)
+    worker = boot(smollm2_path, tmp_path_factory.mktemp("slot-choice") / "worker.log", "--slots", "2")
+    yield worker
+    stop(worker.process)
 
 
 def chat(url: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -54,20 +58,47 @@ def chat(url: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(response.json())
 
 
-def test_background_tasks_leave_the_conversations_prefix_cached(worker: Worker) -> None:
+def replay(url: str) -> list[tuple[int, int]]:
+    """Three messages, each followed by its background tasks; (prompt, cached) tokens of each message."""
     history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     cached_per_message: list[tuple[int, int]] = []
     for question in ("Which tool gets item 7?", "And item 12?", "What does verbose do?"):
         history.append({"role": "user", "content": question})
-        answer = chat(worker.url, history)
+        answer = chat(url, history)
         usage = answer["usage"]
         cached_per_message.append((usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
         history.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
         transcript = "\n".join(f"{m['role']}: {m['content']}" for m in history[1:])
         for task in TASKS:
-            chat(worker.url, [{"role": "user", "content": f"{task}\n<chat_history>\n{transcript}\n</chat_history>"}])
-    # Every message after the first re-uses at least the system prompt and the earlier turns.
+            chat(url, [{"role": "user", "content": f"{task}\n<chat_history>\n{transcript}\n</chat_history>"}])
+    return cached_per_message
+
+
+def assert_prefix_kept(cached_per_message: list[tuple[int, int]]) -> None:
+    """Every message after the first re-uses at least the system prompt and the earlier turns."""
     first_prompt = cached_per_message[0][0]
     for prompt, cached in cached_per_message[1:]:
         assert cached >= first_prompt - 8, cached_per_message
         assert cached < prompt
+
+
+def test_background_tasks_leave_the_conversations_prefix_cached(worker: Worker) -> None:
+    assert_prefix_kept(replay(worker.url))
+
+
+def test_with_one_slot_the_prefix_comes_back_from_host_memory(
+    smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One slot: every background task overwrites the conversation's KV, saved to host memory and restored
+    for the next message (`--prompt-cache-mib`); with the cache off the same replay re-prefills it all."""
+    measured: dict[str, list[tuple[int, int]]] = {}
+    for mib in ("2048", "0"):
+        worker = boot(smollm2_path, tmp_path / f"worker-{mib}.log", "--slots", "1", "--prompt-cache-mib", mib)
+        try:
+            measured[mib] = replay(worker.url)
+        finally:
+            stop(worker.process)
+    with capsys.disabled():
+        print(f"\n(prompt, cached) tokens per message, 1 slot: cache on {measured['2048']}, off {measured['0']}")
+    assert_prefix_kept(measured["2048"])
+    assert all(cached < 64 for _, cached in measured["0"][1:]), measured["0"]

@@ -30,6 +30,7 @@ from backends.llamacpp.worker.httpkit import (
 )
 from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.output import ChatOutput
+from backends.llamacpp.worker.prompt_cache import PromptCache
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.worker.text import ChatTemplateError
@@ -52,6 +53,8 @@ class WorkerSpec:
     max_queue: int
     fill_gaps: bool = False
     sampling_threads: int = 1
+    prompt_cache_mib: int = 0
+    """Host memory for KV states of overwritten slots (`prompt_cache`); 0 = off."""
     mmproj: Path | None = None
     """The multimodal projector GGUF: with one, requests may carry images."""
 
@@ -78,6 +81,7 @@ class _Engine:
             sampling_threads=spec.sampling_threads,
             on_fatal=on_fatal,
             images=self._eval_image if self.projector is not None else None,
+            prompt_cache=PromptCache(spec.prompt_cache_mib * 2**20),
         )
         self.scheduler.start()
 

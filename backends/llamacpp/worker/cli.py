@@ -26,6 +26,7 @@ from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
 from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
 from backends.llamacpp.worker.native import ContextOptions
+from backends.llamacpp.worker.prompt_cache import DEFAULT_PROMPT_CACHE_MIB
 
 log = logging.getLogger("voltgate.worker")
 
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "requests; plain greedy needs none); same tokens as 1",
     )
     p.add_argument(
+        "--prompt-cache-mib",
+        type=_non_negative,
+        default=DEFAULT_PROMPT_CACHE_MIB,
+        help="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later prompt "
+        "shares more with it than with any free slot (like llama-server's --cache-ram); 0 = off",
+    )
+    p.add_argument(
         "--task",
         choices=["generate", "embed", "rerank"],
         default="generate",
@@ -147,6 +155,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         max_queue=args.max_queue,
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
         sampling_threads=args.sampling_threads,
+        prompt_cache_mib=args.prompt_cache_mib,
         mmproj=args.mmproj,
     )
 

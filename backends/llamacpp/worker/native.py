@@ -221,6 +221,23 @@ class Model:
         lib.llama_memory_seq_rm(self._memory, dst, -1, -1)
         lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
 
+    def seq_state_size(self, seq_id: int) -> int:
+        """Bytes of one sequence's state (its KV cells), as `seq_state_save` would copy them."""
+        return int(lib.llama_state_seq_get_size(self._ctx, seq_id))
+
+    def seq_state_save(self, seq_id: int, size: int) -> bytearray | None:
+        """A copy of one sequence's state in host memory (`size` from `seq_state_size`); None on failure."""
+        state = bytearray(size)
+        written = int(lib.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq_id))
+        if written <= 0:
+            return None
+        return state if written == size else state[:written]
+
+    def seq_state_restore(self, seq_id: int, state: bytearray) -> bool:
+        """Load a `seq_state_save` copy into an empty sequence; False when llama.cpp refuses it (no room)."""
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        return int(lib.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id)) > 0
+
     # --- decoding ---------------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
+from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache
 from backends.llamacpp.worker.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
 from backends.llamacpp.worker.tickets import (
     Event,
@@ -62,19 +63,8 @@ from backends.llamacpp.worker.waiting import WaitingQueue
 
 log = logging.getLogger("voltgate.worker")
 
-__all__ = [
-    "Event",
-    "Failed",
-    "Finished",
-    "GenerationRequest",
-    "QueueFullError",
-    "Scheduler",
-    "SchedulerClosedError",
-    "SchedulerStats",
-    "TextDelta",
-    "Ticket",
-    "Usage",
-]
+__all__ = ["Event", "Failed", "Finished", "GenerationRequest", "QueueFullError", "Scheduler", "SchedulerClosedError",
+           "SchedulerStats", "TextDelta", "Ticket", "Usage"]  # fmt: skip
 
 _THROUGHPUT_WINDOW_S = 10.0
 
@@ -105,6 +95,8 @@ class SchedulerStats:
     prefill_tokens_total: int
     generation_tokens_total: int
     tokens_per_second: float
+    prompt_cache_states: int  # KV states saved to host memory (`prompt_cache`), and their bytes
+    prompt_cache_bytes: int
 
 
 class Scheduler:
@@ -114,7 +106,8 @@ class Scheduler:
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
     A free slot keeps its sequence's KV; a new prompt goes to the free slot that keeps the most cached
     work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
-    shares nothing goes to the emptiest slot), and only the rest is prefilled. `fill_gaps`: see the module
+    shares nothing goes to the emptiest slot), and only the rest is prefilled. KV that a prompt overwrites
+    may be saved to host memory and loaded back later (`prompt_cache`). `fill_gaps`: see the module
     docstring. `sampling_threads`: see `picking`.
     """
 
@@ -130,6 +123,7 @@ class Scheduler:
         sampling_threads: int = 1,
         on_fatal: Callable[[str], None] | None = None,
         images: ImageEvaluator | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -140,6 +134,7 @@ class Scheduler:
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
         self._images = images
+        self._host = HostPrompts(model, prompt_cache or PromptCache(0))  # see `prompt_cache`
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
@@ -206,6 +201,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         now = time.monotonic()
+        saved = self._host.cache.stats()  # two ints the engine thread updates: a snapshot, like the rest
         with self._cond:
             self._trim_recent(now)
             window_s = min(_THROUGHPUT_WINDOW_S, max(now - self._started_s, 1e-3))
@@ -223,6 +219,8 @@ class Scheduler:
                 prefill_tokens_total=c["prefilled"],
                 generation_tokens_total=c["generated"],
                 tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
+                prompt_cache_states=saved.entries,
+                prompt_cache_bytes=saved.bytes,
             )
 
     def _wake(self) -> None:
@@ -269,6 +267,7 @@ class Scheduler:
     def _admit(self, ticket: Ticket, group: int) -> None:
         prompt = ticket.request.prompt
         slot = pick_slot(self._slots, prompt)
+        self._host.prepare(slot, prompt)  # saves the slot's KV it overwrites, or loads a longer saved prefix
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
         shared = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
         reuse = self._trim(slot, ticket.request.reusable(shared))
