@@ -92,6 +92,14 @@ class HostWorker:
                            f"model {self.name!r} is {self.state.value} on host {self.host!r}; retry shortly{detail}",
                            retry_after_s=5)  # fmt: skip
 
+    def connection_lost(self, cause: str) -> str:
+        """What a client whose call broke is told (`gateway.lifecycle.workers.connection_lost_message`)."""
+        return (
+            f"model {self.name!r}: the connection to its worker on host {self.host!r} was lost ({cause}); "
+            "if the host is gone, the model is re-placed on another host if one has room, else its requests "
+            "get a 503 saying why; retry shortly"
+        )
+
     async def stop(self, grace_s: float = 10.0) -> None:
         if self._task is not None:
             self._task.cancel()
