@@ -22,6 +22,7 @@ from gateway.cluster.serve import ClusterServing, host_gpus
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.memory import NoProbe, Pools
 from gateway.lifecycle.workers import WorkerState, request_headers
 from gateway.ops.metrics import Metrics
 from gateway.placement import Inventory
@@ -59,6 +60,7 @@ class Agent:
 class Residency:
     def __init__(self) -> None:
         self.retired: list[str] = []
+        self.pools = Pools({}, NoProbe())
 
     def adopt(self, deployment: Deployment, memory: Any) -> None:
         deployment.worker.start()
