@@ -226,6 +226,8 @@ class ClusterServing:
                 for host in lost:
                     self.agents.pop(host, None)
                     self.views.pop(host, None)
+                    self.probes.pop(host, None)
+                    residency.pools.drop_host(host)
                     log.error("host %s is lost (%s): re-placing its models %s", host, lost[host], sorted(displaced))
                 for model in displaced:
                     del self.assignment[model]

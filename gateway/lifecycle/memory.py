@@ -245,7 +245,7 @@ class Pools:
     def add_host(self, host: str, inventory: Inventory, budget: int | None, probe: MemoryProbe) -> None:
         """A cluster host's pools: `<host>:host` (the budget its plan used) and `<host>:gpu<i>` (free at its
         inventory less the margin), read live through `probe`. Replaces what that host had."""
-        self.budgets = {p: b for p, b in self.budgets.items() if split_pool(p)[0] != host}
+        self.drop_host(host)
         self.budgets[on_host(host, HOST)] = budget
         for gpu in inventory.gpus:
             self.budgets[on_host(host, gpu_pool(gpu.index))] = max(0, gpu.free_bytes - MARGIN_BYTES)
@@ -254,6 +254,12 @@ class Pools:
             self.live_hosts.add(host)
         else:
             self.live_hosts.discard(host)
+
+    def drop_host(self, host: str) -> None:
+        """A lost host's pools go (its models were moved or refused); it gets them again when it joins."""
+        self.budgets = {p: b for p, b in self.budgets.items() if split_pool(p)[0] != host}
+        self.hosts.pop(host, None)
+        self.live_hosts.discard(host)
 
     def _probe(self, host: str | None) -> tuple[MemoryProbe, bool]:
         """The probe of `host` (None: the gateway's) and whether its GPUs can be read live."""
