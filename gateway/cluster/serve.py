@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from backends.base import DeploymentPlan
-from gateway.cluster.agent import HostAgent, HostLost
+from gateway.cluster.agent import HostAgent, HostLost, HostReport
 from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
 from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, hosts_from_agents
@@ -117,15 +117,19 @@ class ClusterServing:
     _on_placement: Callable[[dict[str, Any]], None] | None = None
     _host_gauge: Gauge | None = None
     _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
+    _pending: dict[str, HostAgent] = field(default_factory=dict)  # hosts whose agent did not answer at join
 
     async def join(self, agents: Mapping[str, HostAgent]) -> None:
-        """Ask each new host's agent for its inventory and files; a host that does not answer is left out."""
+        """Ask each new host's agent for its inventory and files; a host that does not answer is left out (the
+        watch asks it again next round, until its node leaves: a busy new node may be slow to start an agent)."""
         for host, agent in agents.items():
             try:
                 (view,) = await hosts_from_agents([agent], self.config)
             except HostLost as exc:
-                log.warning("host %s did not answer: %s", host, exc)
+                log.warning("host %s did not answer: %s; asking again", host, exc)
+                self._pending[host] = agent
                 continue
+            self._pending.pop(host, None)
             self.agents[host], self.views[host] = agent, view
             self.probes[host] = ReportedProbe()
             _read(self.probes[host], view.inventory, view.memory_available_bytes)
@@ -202,11 +206,11 @@ class ClusterServing:
 
     async def _refresh(self) -> None:
         """Every host's live memory readings (a host that does not answer is left to its workers' polls)."""
-        for host, agent in list(self.agents.items()):
-            with contextlib.suppress(HostLost):
-                report = await agent.describe()
-                if host in self.probes:
-                    _read(self.probes[host], report.inventory, report.memory_available_bytes)
+        agents = list(self.agents.items())
+        reports = await asyncio.gather(*(agent.describe() for _, agent in agents), return_exceptions=True)
+        for (host, _), report in zip(agents, reports, strict=True):
+            if isinstance(report, HostReport) and host in self.probes:
+                _read(self.probes[host], report.inventory, report.memory_available_bytes)
 
     async def _watch(
         self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment]
@@ -221,6 +225,8 @@ class ClusterServing:
                 lost = {d.worker.host: d.worker.lost for d in registry
                         if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
                 joined, gone = await self.discover()
+                joined = {**{h: a for h, a in self._pending.items() if h not in gone}, **joined}
+                self._pending.clear()
                 lost.update({host: f"host {host!r} left the cluster" for host in gone if host in self.agents})
                 displaced = {m: h for m, h in self.assignment.items() if h in lost}
                 for host in lost:

@@ -118,6 +118,9 @@ def test_loading_on_host_b_evicts_the_least_recently_used_model_on_b_only(smollm
                 assert residency.state(registry.resolve("a1")) is ModelState.READY
                 assert residency.state(registry.resolve("b1")) is ModelState.UNLOADED
                 assert set(a.running) == {"a1"} and set(b.running) == {"b2"}
+                b.available, serving.refresh_s = 123 << 20, 0.02  # host b's MemAvailable drops
+                await _until(lambda: residency.pools.live_free("b:host") == 123 << 20)  # asked of its agent
+                assert residency.pools.live_free("a:host") == available
             finally:
                 await serving.close()
                 await residency.close()
@@ -129,6 +132,14 @@ async def _use(residency: Residency, registry: Registry, model: str) -> None:
     hold = await residency.ensure_loaded(registry.resolve(model), wait_s=10)
     hold.release()
     await asyncio.sleep(0.05)  # its HostWorker polls its agent once more: the measured use is in
+
+
+async def _until(check: Any) -> None:
+    for _ in range(400):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 4 s")
 
 
 async def _no_news() -> tuple[dict[str, Any], set[str]]:
