@@ -65,6 +65,7 @@ class HostReport(BaseModel):
     address: str = Field(description="the address its workers bind and are reached at")
     inventory: Inventory
     files: dict[str, bool] = Field(default_factory=dict, description="each path asked about -> exists here")
+    memory_available_bytes: int | None = Field(default=None, description="the host's MemAvailable now")
     workers: list[WorkerReport] = Field(default_factory=list)
 
 

@@ -29,7 +29,7 @@ from gateway.lifecycle.policy import PINNED
 from gateway.lifecycle.process import WorkerProcess
 from gateway.lifecycle.supervisor import WorkerMachine
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
-from gateway.placement.inventory import Inventory, inventory_from_spec
+from gateway.placement.inventory import Inventory, host_available_bytes, inventory_from_spec
 
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
 
@@ -77,6 +77,7 @@ class LocalHostAgent:
             address=self._advertise,
             inventory=inventory,
             files=await asyncio.to_thread(_existing, paths),
+            memory_available_bytes=host_available_bytes(),
             workers=[self._report(name) for name in sorted(self._workers)],
         )
 

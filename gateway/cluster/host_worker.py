@@ -20,6 +20,7 @@ from backends.base import DeploymentPlan
 from gateway.cluster.access import auth_headers, new_worker_token
 from gateway.cluster.agent import HostAgent, HostLost, WorkerReport
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.memory import ReportedProbe
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.cluster")
@@ -39,6 +40,7 @@ class HostWorker:
         interval_s: float = POLL_INTERVAL_S,
         startup_s: float = 600.0,
         on_state: Callable[[str, WorkerState], None] | None = None,
+        probe: ReportedProbe | None = None,
     ) -> None:
         self.name = plan.model
         self.host = agent.host
@@ -56,6 +58,7 @@ class HostWorker:
         self._failures = 0
         self._changed = asyncio.Event()
         self._on_state = on_state
+        self._probe = probe  # where its host's measured use of this worker goes (the residency reads it)
 
     def start(self, *, retry: bool = False) -> None:
         del retry  # the host's supervisor decides restarts; a lost host is not retried here
@@ -91,6 +94,14 @@ class HostWorker:
         raise GatewayError(ErrorCode.WORKER_UNAVAILABLE,
                            f"model {self.name!r} is {self.state.value} on host {self.host!r}; retry shortly{detail}",
                            retry_after_s=5)  # fmt: skip
+
+    def connection_lost(self, cause: str) -> str:
+        """What a client whose call broke is told (`gateway.lifecycle.workers.connection_lost_message`)."""
+        return (
+            f"model {self.name!r}: the connection to its worker on host {self.host!r} was lost ({cause}); "
+            "if the host is gone, the model is re-placed on another host if one has room, else its requests "
+            "get a 503 saying why; retry shortly"
+        )
 
     async def stop(self, grace_s: float = 10.0) -> None:
         if self._task is not None:
@@ -132,6 +143,8 @@ class HostWorker:
     def _mirror(self, report: WorkerReport) -> None:
         self._url, self.pid, self.restarts = report.url, report.pid, report.restarts
         self.last_error = report.last_error
+        if self._probe is not None:
+            self._probe.update_worker(report.pid, report.rss_bytes, report.gpu_bytes)
         self._set(report.state)
 
     def _set(self, state: WorkerState) -> None:

@@ -39,6 +39,9 @@ class HostView(BaseModel):
     missing: frozenset[str] = Field(
         default=frozenset(), description="configured models with no source file on this host"
     )
+    memory_available_bytes: int | None = Field(
+        default=None, description="its MemAvailable when it joined (its on-demand budget); None: unknown"
+    )
 
 
 class _HostEntry(BaseModel):

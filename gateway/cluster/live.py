@@ -46,6 +46,7 @@ async def hosts_from_agents(agents: Sequence[HostAgent], config: Config) -> list
             inventory=report.inventory,
             address=report.address,
             missing=frozenset(m for m, paths in wanted.items() if not any(report.files.get(p) for p in paths)),
+            memory_available_bytes=report.memory_available_bytes,
         )
         for report in reports
     ]

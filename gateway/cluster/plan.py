@@ -8,6 +8,10 @@ GPUs alone). Hosts are tried biggest first (GPU memory, then GPU count, then nam
 2. the models still unplaced are offered again, one at a time, and taken by the first host that places them
    at all (llama.cpp partial offload, or the CPU) without moving a model it already holds.
 
+Each host is planned with its own host-memory budget for on-demand models: `server.memory_budget_bytes`
+where set (per host), else 80 % of the MemAvailable its agent reported when it joined (a host of a cluster
+file, which reports none, gets the gateway's own).
+
 Each host is then planned once more with exactly the models it took: that per-host `PlacementReport`
 (memory, rejected rungs, predicted speed on that host's GPUs) is what `voltgate plan --cluster` shows, and
 each model's `ClusterDecision.considered` says, per host, why it went there or not.
@@ -22,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.base import DeploymentPlan, EngineName
 from gateway.cluster.hosts import HostView
 from gateway.config import Config, ModelSpec
-from gateway.placement.inventory import Inventory
+from gateway.placement.inventory import HOST_BUDGET_FRACTION, Inventory, host_budget_bytes
 from gateway.placement.policy import plan_models
 from gateway.placement.report import ModelDecision, PlacementReport
 
@@ -34,6 +38,9 @@ class HostPlacement(BaseModel):
 
     host: str
     address: str | None = None
+    memory_budget_bytes: int | None = Field(
+        default=None, description="the host memory its on-demand models may hold (the plan's fit check)"
+    )
     report: PlacementReport
 
 
@@ -93,7 +100,7 @@ def plan_cluster(config: Config, hosts: Sequence[HostView]) -> ClusterReport:
     known = {h.name for h in order}
     for host in order:  # round 1: wholly on GPUs, the first host that can
         offered = [s for s in local if _host_of(s.name, taken) is None and _allowed(s, host, considered)]
-        report = plan_models(_subset(config, offered), host.inventory)
+        report = plan_models(_subset(config, offered, host), host.inventory)
         for spec in offered:
             decision = report.decision(spec.name)
             last[spec.name] = decision
@@ -131,8 +138,8 @@ def _offer_anywhere(
         if not _allowed(spec, host, None):
             continue
         held = taken[host.name]
-        before = plan_models(_subset(config, held), host.inventory) if held else None
-        report = plan_models(_subset(config, [*held, spec]), host.inventory)
+        before = plan_models(_subset(config, held, host), host.inventory) if held else None
+        report = plan_models(_subset(config, [*held, spec], host), host.inventory)
         decision = report.decision(spec.name)
         if decision.plan is None:
             last[spec.name] = decision
@@ -182,18 +189,31 @@ def _host_size(host: HostView) -> tuple[int, int, str]:
     return (sum(g.free_bytes for g in gpus), len(gpus), host.name)
 
 
-def _subset(config: Config, specs: Sequence[ModelSpec]) -> Config:
-    """`config` with only `specs` (no validation again: each spec was validated when the file was read)."""
-    return config.model_copy(update={"models": tuple(specs)})
+def _subset(config: Config, specs: Sequence[ModelSpec], host: HostView | None = None) -> Config:
+    """`config` with only `specs` (no validation again: each spec was validated when the file was read), and
+    `host`'s memory budget."""
+    update: dict[str, object] = {"models": tuple(specs)}
+    if host is not None:
+        budget = host_budget(config, host)
+        update["server"] = config.server.model_copy(update={"memory_budget_bytes": budget})
+    return config.model_copy(update=update)
+
+
+def host_budget(config: Config, host: HostView) -> int | None:
+    """The host memory on-demand models may hold on `host` (see the module docstring)."""
+    if config.server.memory_budget_bytes is not None or host.memory_available_bytes is None:
+        return host_budget_bytes(config.server.memory_budget_bytes)
+    return int(host.memory_available_bytes * HOST_BUDGET_FRACTION)
 
 
 def _host_placement(config: Config, host: HostView, specs: Sequence[ModelSpec]) -> HostPlacement:
     report = (
-        plan_models(_subset(config, specs), host.inventory)
+        plan_models(_subset(config, specs, host), host.inventory)
         if specs
         else PlacementReport(inventory=host.inventory, decisions=[])
     )
-    return HostPlacement(host=host.name, address=host.address, report=report)
+    budget = host_budget(config, host)
+    return HostPlacement(host=host.name, address=host.address, memory_budget_bytes=budget, report=report)
 
 
 def _refused(

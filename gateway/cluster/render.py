@@ -33,7 +33,9 @@ def render_cluster_plan(report: ClusterReport, console: Console) -> None:
     for host in report.hosts:
         address = f" at {host.address}" if host.address else ""
         gpus = ", ".join(g.describe() for g in host.report.inventory.gpus) or "no GPUs"
-        console.print(Text(f"\nhost {host.host}{address}: {gpus}", style="bold"))
+        budget = host.memory_budget_bytes
+        memory = f"; on-demand host-memory budget {budget / (1 << 30):.1f} GiB" if budget is not None else ""
+        console.print(Text(f"\nhost {host.host}{address}: {gpus}{memory}", style="bold"))
         if host.report.decisions:
             render_plan_table(host.report, console)
         else:

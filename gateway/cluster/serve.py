@@ -15,6 +15,11 @@ remote endpoints are served as before.
 * a host that joins (a Ray node declaring `voltgate_host:<name>`, or the same name on a new node) gets an
   agent, and the models that are not served (refused by the loss, or never placed) are planned again.
 
+Memory per host: each host's pools (`<host>:host`, `<host>:gpu<i>`, `gateway.lifecycle.memory`) are given to
+the residency manager at start and when a host joins, with a `ReportedProbe` per host that this side keeps
+current (the host's MemAvailable and GPU readings every `refresh_s`, each worker's measured use at every
+poll of its `HostWorker`): loading an on-demand model on host B evicts only models on B.
+
 Re-placing swaps the registry's deployment the way a config reload does (`gateway.reload`): the new one is
 registered first, the old one is retired in the background (its worker is on a lost host: nothing to drain).
 """
@@ -32,19 +37,22 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from backends.base import DeploymentPlan
-from gateway.cluster.agent import HostAgent, HostLost
+from gateway.cluster.agent import HostAgent, HostLost, HostReport
 from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
 from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, hosts_from_agents
 from gateway.cluster.plan import ClusterReport, plan_cluster
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
+from gateway.lifecycle.memory import ModelMemory, Pools, ReportedProbe
 from gateway.lifecycle.workers import Worker, WorkerState
 from gateway.ops.metrics import Metrics
+from gateway.placement.inventory import Inventory
 
 log = logging.getLogger("voltgate.cluster")
 
 WATCH_INTERVAL_S = 1.0
+REFRESH_S = 5.0  # how often each host's live memory readings are asked for
 HOST_GPUS_ENV = "VOLTGATE_HOST_GPUS"  # simulated inventories per host: "a=2xv100-32gb,b=none" (tests, dry runs)
 
 Discover = Callable[[], Awaitable[tuple[dict[str, HostAgent], set[str]]]]
@@ -53,6 +61,8 @@ Discover = Callable[[], Awaitable[tuple[dict[str, HostAgent], set[str]]]]
 
 class Residency(Protocol):
     """What re-placing needs of `gateway.lifecycle.residency.Residency`."""
+
+    pools: Pools
 
     def adopt(self, deployment: Deployment, memory: Any) -> None: ...
 
@@ -100,21 +110,29 @@ class ClusterServing:
     report: ClusterReport | None = None
     interval_s: float = WATCH_INTERVAL_S
     worker_interval_s: float = POLL_INTERVAL_S  # how often each HostWorker asks its host about its worker
+    refresh_s: float = REFRESH_S
+    probes: dict[str, ReportedProbe] = field(default_factory=dict)  # each host's readings, for the residency
     _task: asyncio.Task[None] | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _on_placement: Callable[[dict[str, Any]], None] | None = None
     _host_gauge: Gauge | None = None
     _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
+    _pending: dict[str, HostAgent] = field(default_factory=dict)  # hosts whose agent did not answer at join
 
     async def join(self, agents: Mapping[str, HostAgent]) -> None:
-        """Ask each new host's agent for its inventory and files; a host that does not answer is left out."""
+        """Ask each new host's agent for its inventory and files; a host that does not answer is left out (the
+        watch asks it again next round, until its node leaves: a busy new node may be slow to start an agent)."""
         for host, agent in agents.items():
             try:
                 (view,) = await hosts_from_agents([agent], self.config)
             except HostLost as exc:
-                log.warning("host %s did not answer: %s", host, exc)
+                log.warning("host %s did not answer: %s; asking again", host, exc)
+                self._pending[host] = agent
                 continue
+            self._pending.pop(host, None)
             self.agents[host], self.views[host] = agent, view
+            self.probes[host] = ReportedProbe()
+            _read(self.probes[host], view.inventory, view.memory_available_bytes)
             self._seen.add(host)
             log.info("host %s joined (%d GPU(s))", host, len(view.inventory.gpus))
 
@@ -158,7 +176,8 @@ class ClusterServing:
         host = self.assignment.get(plan.model)
         if host is None or host not in self.agents:
             return None
-        return HostWorker(plan, self.agents[host], interval_s=self.worker_interval_s, on_state=on_state)
+        return HostWorker(plan, self.agents[host], interval_s=self.worker_interval_s, on_state=on_state,
+                          probe=self.probes.get(host))  # fmt: skip
 
     def start(
         self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment],
@@ -166,6 +185,7 @@ class ClusterServing:
     ) -> None:  # fmt: skip
         """Watch the hosts (the app's lifespan calls this once its registry exists)."""
         self._on_placement = on_placement
+        self._attach(residency)
         self._task = asyncio.create_task(self._watch(registry, residency, make), name="cluster:watch")
         self._host_gauge = Gauge("voltgate:model_host", "1 for the host a model is served on (cluster mode)",
                                  ["model", "host"], registry=metrics.registry)  # fmt: skip
@@ -178,26 +198,49 @@ class ClusterServing:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def _attach(self, residency: Residency) -> None:
+        """Give the residency manager every host's pools: the budget its plan used, its probe."""
+        budgets = {h.host: h.memory_budget_bytes for h in self.report.hosts} if self.report is not None else {}
+        for host, view in self.views.items():
+            residency.pools.add_host(host, view.inventory, budgets.get(host), self.probes[host])
+
+    async def _refresh(self) -> None:
+        """Every host's live memory readings (a host that does not answer is left to its workers' polls)."""
+        agents = list(self.agents.items())
+        reports = await asyncio.gather(*(agent.describe() for _, agent in agents), return_exceptions=True)
+        for (host, _), report in zip(agents, reports, strict=True):
+            if isinstance(report, HostReport) and host in self.probes:
+                _read(self.probes[host], report.inventory, report.memory_available_bytes)
+
     async def _watch(
         self, registry: Registry, residency: Residency, make: Callable[[DeploymentPlan, ModelSpec], Deployment]
     ) -> None:
+        last_refresh = asyncio.get_running_loop().time()
         while True:
             await asyncio.sleep(self.interval_s)
             try:
+                if asyncio.get_running_loop().time() - last_refresh >= self.refresh_s:
+                    last_refresh = asyncio.get_running_loop().time()
+                    await self._refresh()
                 lost = {d.worker.host: d.worker.lost for d in registry
                         if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
                 joined, gone = await self.discover()
+                joined = {**{h: a for h, a in self._pending.items() if h not in gone}, **joined}
+                self._pending.clear()
                 lost.update({host: f"host {host!r} left the cluster" for host in gone if host in self.agents})
                 displaced = {m: h for m, h in self.assignment.items() if h in lost}
                 for host in lost:
                     self.agents.pop(host, None)
                     self.views.pop(host, None)
+                    self.probes.pop(host, None)
+                    residency.pools.drop_host(host)
                     log.error("host %s is lost (%s): re-placing its models %s", host, lost[host], sorted(displaced))
                 for model in displaced:
                     del self.assignment[model]
                 await self.join(joined)
                 if lost or self.agents.keys() & joined.keys():
                     self._replace(registry, residency, make, displaced, lost)
+                    self._attach(residency)  # a host that joined gets its pools
             except Exception:  # the watch must outlive any one bad round (a host answering garbage, Ray hiccups)
                 log.exception("cluster watch: this round failed; trying again in %.0f s", self.interval_s)
 
@@ -230,7 +273,8 @@ class ClusterServing:
             registry.refused.pop(d.model, None)
             fresh = make(d.decision.plan, specs[d.model])  # worker_for builds its HostWorker on d.host
             registry.add(fresh)
-            residency.adopt(fresh, None)  # a pinned model starts now; an on-demand one at its next request
+            # a pinned model starts now; an on-demand one at its next request, weighed against its new host's pools
+            residency.adopt(fresh, ModelMemory.from_estimate(d.decision.estimate, d.host))
             self._set_host(d.model, d.host)
             log.info("model %s placed on host %s", d.model, d.host)
         if self._on_placement is not None:
@@ -240,6 +284,13 @@ class ClusterServing:
         if self._host_gauge is not None:
             for other in self._seen:
                 self._host_gauge.labels(model, other).set(1 if other == host else 0)
+
+
+def _read(probe: ReportedProbe, inventory: Inventory, available: int | None) -> None:
+    """A host's readings into its probe: MemAvailable, and each GPU's used / free memory where NVML read them."""
+    live = inventory.source == "nvml"
+    probe.update_host(available, {g.index: (g.total_bytes - g.free_bytes, g.free_bytes) for g in inventory.gpus
+                                  if live})  # fmt: skip
 
 
 def open_cluster(target: str, config: Config) -> ClusterServing:

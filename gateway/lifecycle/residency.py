@@ -19,7 +19,7 @@ from gateway.config import ServerSettings
 from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
-from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, estimates_from_placement
+from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, cluster_memory, estimates_from_placement
 from gateway.lifecycle.policy import BACKOFF_INITIAL_S
 from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
@@ -66,7 +66,10 @@ class Residency:
         placement: Mapping[str, Any],
         probe: MemoryProbe | None = None,
     ) -> Residency:
-        """Budgets and estimates from the placement report the gateway was started with."""
+        """Budgets and estimates from the placement report the gateway was started with (a cluster's: each
+        host's pools, `gateway.lifecycle.memory.cluster_memory`)."""
+        if placement.get("cluster"):
+            return cls(registry, settings, metrics, *cluster_memory(placement))
         inventory, estimates = estimates_from_placement(placement)
         pools = Pools.from_inventory(inventory, settings.memory_budget_bytes, probe)
         memory = {name: ModelMemory.from_estimate(estimate) for name, estimate in estimates.items()}
@@ -298,7 +301,7 @@ class Residency:
 
     async def _start(self, entry: Resident) -> None:
         worker = entry.deployment.worker
-        before = self.pools.gpu_used(entry.memory.gpu_indices)
+        before = self.pools.gpu_used(entry.memory.gpu_indices, entry.memory.host)
         started = time.monotonic()
         self._set_state(entry, ModelState.LOADING, f"starting its worker (needs {entry.memory.describe()})")
         log.info("loading %s (needs %s)", entry.name, entry.memory.describe())
@@ -348,8 +351,8 @@ class Residency:
     async def _wait_for_gpus(self, entry: Resident) -> None:
         """After unloads a GPU may take a moment to show the memory freed; never start a load that does not
         fit by NVML (a clear refusal beats an out-of-memory crash)."""
-        if not self.pools.live_gpus or not entry.memory.gpu_indices:
-            return
+        if not self.pools.live_gpus or not entry.memory.gpu_indices or entry.memory.host is not None:
+            return  # a cluster host's readings come with its agent's reports: no polling here
         deadline = time.monotonic() + GPU_RECOVERY_S
         while (short := shortfall(self.pools, entry, self._resident())) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.25)  # polling NVML: nothing signals freed GPU memory
@@ -424,7 +427,7 @@ class Residency:
         when it starts), each measured; a failed start is left to its supervisor's restarts."""
         async with self._lock:
             for entry in entries:
-                before = self.pools.gpu_used(entry.memory.gpu_indices)
+                before = self.pools.gpu_used(entry.memory.gpu_indices, entry.memory.host)
                 try:
                     await entry.deployment.worker.ensure_ready(self._settings.startup_timeout_s)
                 except WorkerStartError as exc:

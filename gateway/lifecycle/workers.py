@@ -157,3 +157,13 @@ def request_headers(worker: Worker) -> Mapping[str, str]:
     (`gateway.cluster.host_worker.HostWorker.headers`); none for the other workers."""
     headers = getattr(worker, "headers", None)
     return headers if isinstance(headers, Mapping) else {}
+
+
+def connection_lost_message(worker: object, model: str, cause: str) -> str:
+    """What a client is told when the connection to `worker` broke (`cause`: the exception's name): a worker
+    that knows better says it (`HostWorker.connection_lost`: the host, and what happens to the model); a local
+    one is restarted by its supervisor."""
+    describe = getattr(worker, "connection_lost", None)
+    if callable(describe):
+        return str(describe(cause))
+    return f"model {model!r}: worker connection lost ({cause}); it is being restarted"

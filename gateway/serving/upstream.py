@@ -11,6 +11,7 @@ transport errors and the mapping of the worker's error answers to the gateway's 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import httpx
@@ -19,7 +20,10 @@ from backends.base import UpstreamError
 from backends.request import ENGINE_PATHS, AnyEngineRequest
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import request_headers
+from gateway.lifecycle.workers import connection_lost_message, request_headers
+
+WORKER_EXTENSION = "voltgate.worker"
+"""The worker a request goes to, on the httpx request (so a broken stream's error can name it)."""
 
 
 def upstream_error_to_gateway(err: UpstreamError) -> GatewayError:
@@ -39,11 +43,11 @@ def transport_error(exc: Exception, model: str) -> GatewayError:
     """A call that got no answer: a timeout (504-family, retry later) or a lost connection (503)."""
     if isinstance(exc, httpx.TimeoutException):
         return GatewayError(ErrorCode.UPSTREAM_TIMEOUT, f"model {model!r} did not answer in time", retry_after_s=5)
-    return GatewayError(
-        ErrorCode.WORKER_UNAVAILABLE,
-        f"model {model!r}: worker connection lost ({type(exc).__name__}); it is being restarted",
-        retry_after_s=5,
-    )
+    worker = None
+    with contextlib.suppress(RuntimeError):  # httpx raises where no request was attached to the error
+        worker = exc.request.extensions.get(WORKER_EXTENSION) if isinstance(exc, httpx.RequestError) else None
+    message = connection_lost_message(worker, model, type(exc).__name__)  # names a cluster worker's host
+    return GatewayError(ErrorCode.WORKER_UNAVAILABLE, message, retry_after_s=5)
 
 
 class Upstream:
@@ -59,7 +63,9 @@ class Upstream:
         url = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
         body = self.deployment.adapter.translate_request(request)
         headers = request_headers(self.deployment.worker)  # a cluster worker's launch secret; none locally
-        return self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=headers)
+        call = self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=headers)
+        call.extensions[WORKER_EXTENSION] = self.deployment.worker
+        return call
 
     def _refused(self, status: int, content: bytes) -> GatewayError:
         return upstream_error_to_gateway(self.deployment.adapter.normalize_error(status, content))

@@ -22,6 +22,7 @@ from gateway.cluster.serve import ClusterServing, host_gpus
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.memory import NoProbe, Pools
 from gateway.lifecycle.workers import WorkerState, request_headers
 from gateway.ops.metrics import Metrics
 from gateway.placement import Inventory
@@ -59,6 +60,7 @@ class Agent:
 class Residency:
     def __init__(self) -> None:
         self.retired: list[str] = []
+        self.pools = Pools({}, NoProbe())
 
     def adopt(self, deployment: Deployment, memory: Any) -> None:
         deployment.worker.start()
@@ -144,6 +146,47 @@ def test_a_lost_host_is_replaced_where_it_fits_refused_where_not_and_regained(sm
             await _until(lambda: serving.assignment.get("gamma") == "b")
             assert isinstance(registry.resolve("gamma").worker, HostWorker) and b2.started == ["gamma"]
             assert serving.assignment["beta"] == "a"  # nothing serving moves back
+            await serving.close()
+            for deployment in registry:
+                await deployment.worker.stop()
+
+    asyncio.run(scenario())
+
+
+class SlowAgent(Agent):
+    """An agent whose first `describe()` gets no answer (a new node still starting it on a busy machine)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.silent = 1
+
+    async def describe(self, paths: Sequence[str] = ()) -> HostReport:
+        if self.silent:
+            self.silent -= 1
+            raise HostLost(self.host, "GetTimeoutError")
+        return await super().describe(paths)
+
+
+def test_a_host_that_does_not_answer_when_it_joins_is_asked_again(smollm2_path: Path) -> None:
+    config = Config.model_validate({"gpus": "none", "models": [
+        {"name": "alpha", "sources": [{"gguf": str(smollm2_path)}], "context": 512, "hosts": ["b"]},
+    ]})  # fmt: skip
+
+    async def scenario() -> None:
+        discovery = Discovery()
+        serving = ClusterServing(config, discovery, interval_s=0.02, worker_interval_s=0.02)
+        await serving.join({"a": Agent("a")})
+        plans, refused = serving.initial()
+        assert plans == [] and "alpha" in refused
+        metrics, registry, residency = Metrics(), Registry(refused=refused), Residency()
+        async with httpx.AsyncClient() as client:
+
+            def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
+                return _deployment(plan, spec, LlamaCppAdapter(), client, config, metrics, None, serving)
+
+            serving.start(registry, residency, make, metrics, lambda _: None)
+            discovery.joined = {"b": SlowAgent("b")}
+            await _until(lambda: serving.assignment.get("alpha") == "b")  # joined on the second ask
             await serving.close()
             for deployment in registry:
                 await deployment.worker.stop()

@@ -4,17 +4,25 @@ sends the launch secret it made, answers 503s that say why, and fails for good w
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
+import httpx
 import pytest
 
 from backends.base import DeploymentPlan, EngineName
+from backends.request import AnyEngineRequest, RequestKind
 from gateway.cluster import HostLost, HostReport, WorkerReport
 from gateway.cluster.host_worker import HostWorker
+from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
 from gateway.placement import Inventory
+from gateway.serving.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames
+from gateway.serving.upstream import Upstream
 
 PLAN = DeploymentPlan(model="m", engine=EngineName.LLAMACPP, source_path=Path("/m.gguf"), model_format="gguf",
                       context_tokens=512)  # fmt: skip
@@ -29,6 +37,7 @@ class FakeHostAgent:
         self.tokens: list[str] = []
         self.state = start_state
         self.stopped: list[str] = []
+        self.url = "http://10.0.0.2:4000"
         self._lost = False
 
     def lose(self) -> None:
@@ -38,7 +47,7 @@ class FakeHostAgent:
         if self._lost:
             raise HostLost(self.host, "ActorDiedError")
         ready = self.state is WorkerState.READY
-        return WorkerReport(name=name, state=self.state, url="http://10.0.0.2:4000" if ready else None,
+        return WorkerReport(name=name, state=self.state, url=self.url if ready else None,
                             last_error=None if ready else "exit 1")  # fmt: skip
 
     async def describe(self, paths: Sequence[str] = ()) -> HostReport:
@@ -105,3 +114,67 @@ async def test_a_start_that_fails_on_the_host_is_a_start_error() -> None:
     with pytest.raises(WorkerStartError, match="exit 1"):
         await worker.ensure_ready(5)
     await worker.stop()
+
+
+class _Adapter:
+    def translate_request(self, request: object) -> dict[str, object]:
+        return {"stream": True}
+
+
+async def _server_that_breaks_mid_stream() -> tuple[asyncio.Server, str]:
+    """A worker that sends one SSE frame of a longer body, then drops the connection (as a dying host does)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        frame = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 100000\r\n\r\n" + frame)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def _relay_through(worker: object) -> dict[str, str]:
+    """Stream through the real Upstream and relay from `worker`; the error frame the client gets."""
+    deployment = SimpleNamespace(name="m", worker=worker, adapter=_Adapter())
+    async with httpx.AsyncClient() as client:
+        upstream = Upstream(cast(Deployment, deployment), client, httpx.Timeout(10.0))
+        response = await upstream.open_stream(cast(AnyEngineRequest, SimpleNamespace(kind=RequestKind.CHAT)))
+        try:
+            out = [f async for f in relay_stream(sse_frames(response), StreamStats(), model="m",
+                                                  include_usage=False, keepalive_s=10.0)]  # fmt: skip
+        finally:
+            await response.aclose()
+    assert out[-1] == DONE_FRAME
+    error: dict[str, str] = json.loads(out[-2].removeprefix(b"data: "))["error"]
+    return error
+
+
+async def test_a_stream_cut_on_another_host_names_the_host_and_what_happens_next() -> None:
+    server, url = await _server_that_breaks_mid_stream()
+    agent = FakeHostAgent()
+    agent.url = url
+    worker = HostWorker(PLAN, agent, interval_s=60)
+    try:
+        await worker.ensure_ready(5)
+        error = await _relay_through(worker)
+    finally:
+        await worker.stop()
+        server.close()
+    assert error["code"] == "worker_unavailable"
+    message = error["message"]
+    assert "host 'b'" in message and "RemoteProtocolError" in message, message
+    assert "re-placed on another host" in message and "503" in message, message
+    assert "being restarted" not in message, message
+
+
+async def test_a_stream_cut_on_a_local_worker_keeps_saying_it_is_restarted() -> None:
+    server, url = await _server_that_breaks_mid_stream()
+    local = SimpleNamespace(base_url=lambda: url, headers={})  # a local worker has no connection_lost wording
+    try:
+        error = await _relay_through(local)
+    finally:
+        server.close()
+    assert error["message"] == "model 'm': worker connection lost (RemoteProtocolError); it is being restarted"
