@@ -2,7 +2,7 @@
 
 Paths to one `bench.zero_upstream` (instant chunks), hit by the same load in rotating order:
   direct   the upstream itself
-  floor    `bench.relay_floor`: Starlette + httpx, parsing each event (the cheapest honest relay)
+  floor    `bench.relay_floor`: Starlette + httpx, bytes passed through as read (no parsing, no re-framing)
   gateway  `voltgate serve` (this checkout), API-key auth and metrics on
   before   optional (`--before DIR`): the gateway of another checkout (e.g. `git archive` of an older commit)
 Reported: relay CPU seconds per 1,000 chunks at 1 / 16 / 64 streams (and requests/s), each relay's ratio to

@@ -46,7 +46,7 @@ def model_hint(raw: bytes) -> str | None:
 def render(result: UnaryResult | StreamSession) -> Response:
     """The HTTP response for a service result (shared by every API that rides on the chat path)."""
     if isinstance(result, StreamSession):
-        return RelayResponse(result.frames(), result.close, headers=SSE_HEADERS)
+        return RelayResponse(result.frames(), result.close, line=result.line, headers=SSE_HEADERS)
     if result.body is None:
         return Response(status_code=result.status)
     return JSONResponse(result.body, status_code=result.status)

@@ -81,12 +81,76 @@ class StreamFailure:
         return cls(status, str(error.get("message") or "the generation failed"), code)
 
 
-class RelayResponse(StreamingResponse):
-    """A StreamingResponse that always runs `on_close`, even if the body iterator never started."""
+class ClientLine:
+    """The client's connection beside the body: a keep-alive comment written between two of the body's writes,
+    while the body's own task waits on the upstream (the one-task relay, `relay_direct`).
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+    `RelayResponse` attaches its ASGI `send`; until then (a caller iterating the body itself) a keep-alive is
+    held and handed to the body, which yields it before its next run. A keep-alive that fails to send makes the
+    body's next write fail; the disconnect itself is seen by Starlette's receive watcher, which cancels the
+    body's task (and with it the upstream read: the worker aborts the generation).
+    """
+
+    def __init__(self) -> None:
+        self._send: Send | None = None
+        self._aside: asyncio.Task[None] | None = None
+        self._failed = False
+        self.held = b""
+
+    def attach(self, send: Send) -> None:
+        self._send = send
+
+    def keepalive(self) -> None:
+        """From the relay's timer, while the body's task waits on the upstream (no body write in flight)."""
+        if self._send is None:
+            self.held = KEEPALIVE_FRAME
+        elif self._aside is None or self._aside.done():
+            self._aside = asyncio.get_running_loop().create_task(self._write(self._send))
+
+    async def _write(self, send: Send) -> None:
+        try:
+            await send({"type": "http.response.body", "body": KEEPALIVE_FRAME, "more_body": True})
+        except Exception:
+            self._failed = True
+
+    async def settle(self) -> None:
+        """Before a body write: wait for a keep-alive in flight; raise if one failed."""
+        if self._aside is not None:
+            if not self._aside.done():
+                await self._aside
+            self._aside = None
+        if self._failed:
+            raise OSError("the client connection failed")
+
+
+class RelayResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close`, even if the body iterator never started; with a
+    `line`, keep-alives are written beside the body (`ClientLine`)."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        on_close: Callable[[], Awaitable[None]],
+        *,
+        line: ClientLine | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", **kwargs)
         self._on_close = on_close
+        self._line = line
+
+    async def stream_response(self, send: Send) -> None:
+        line = self._line
+        if line is None:
+            await super().stream_response(send)
+            return
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        line.attach(send)
+        async for chunk in self.body_iterator:
+            await line.settle()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await line.settle()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -31,7 +31,8 @@ from gateway.ops.auth import Principal
 from gateway.ops.live_speed import Flight
 from gateway.ops.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
-from gateway.serving.relay import DONE_FRAME, StreamFailure, StreamStats, relay_stream, sse_frames
+from gateway.serving.passthrough import relay_direct
+from gateway.serving.relay import DONE_FRAME, ClientLine, StreamFailure, StreamStats, relay_stream, sse_frames
 from gateway.serving.upstream import Upstream
 
 access_log = logging.getLogger("voltgate.access")
@@ -275,6 +276,7 @@ class StreamSession:
         self._load_wait_s = load_wait_s
         self._progress_data = progress_data
         self.stats = StreamStats()
+        self.line = ClientLine()  # the pass-through's keep-alives beside the body (`RelayResponse(line=...)`)
         self._status = 200
         self._upstream: httpx.Response | None = None
         self._pending: asyncio.Task[None] | None = None
@@ -307,19 +309,38 @@ class StreamSession:
     async def _open_upstream(self) -> None:
         self._upstream = await self._worker.open_stream(self._request)
 
-    async def frames(self) -> AsyncGenerator[bytes, None]:
-        """The SSE byte runs for the client; always ends with `[DONE]`."""
+    def frames(self) -> AsyncGenerator[bytes, None]:
+        """The chat pass-through's SSE byte runs for the client, relayed in the body's own task
+        (`gateway.serving.passthrough`; give `RelayResponse` this session's `line` for its keep-alives);
+        always ends with `[DONE]`. A stream that did not wait is the relay itself: no generator between."""
+        if self._pending is None and self._upstream is not None:
+            return self._relay(direct=True)
+        return self._frames(direct=True)
+
+    def _relay(self, *, direct: bool) -> AsyncGenerator[bytes, None]:
+        """The relay over the open upstream: one task (`direct`, closing the session before `[DONE]` and at
+        its end), or with a read-ahead task that yields the keep-alives in the stream (`relay_stream`, for the
+        translated APIs' own keep-alive events)."""
+        assert self._upstream is not None
+        model, usage, keepalive = self.scope.model, self._include_usage, self._keepalive_s
+        if direct:
+            return relay_direct(
+                self._upstream, self.stats, self.line, model=model, include_usage=usage,
+                keepalive_s=keepalive, on_done=self.close,
+            )  # fmt: skip
+        return relay_stream(
+            sse_frames(self._upstream), self.stats, model=model, include_usage=usage, keepalive_s=keepalive
+        )
+
+    async def _frames(self, *, direct: bool) -> AsyncGenerator[bytes, None]:
+        """Any wait's comments, then the relayed runs; closes the session on `[DONE]` and at the end."""
         try:
             if self._pending is not None:
                 async for frame in self._wait_pending():
                     yield frame
                 if self._upstream is None:
                     return
-            assert self._upstream is not None
-            relay = relay_stream(
-                sse_frames(self._upstream), self.stats, model=self.scope.model,
-                include_usage=self._include_usage, keepalive_s=self._keepalive_s,
-            )  # fmt: skip
+            relay = self._relay(direct=direct)
             try:
                 async for frame in relay:
                     if frame == DONE_FRAME:
@@ -376,7 +397,7 @@ class StreamSession:
         headers, and the SSE comments said while it waits (bytes, a whole frame: valid in any SSE stream, pass
         them on). Loading-progress chunks are left out; a chunk that is not one is a failure, never dropped.
         (The chat pass-through relays bytes and never comes here: `frames()`.)"""
-        async for run in self.frames():
+        async for run in self._frames(direct=False):
             for frame in run.split(b"\n\n"):
                 if frame.startswith(b":"):
                     yield frame + b"\n\n"
