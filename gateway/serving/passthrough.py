@@ -71,6 +71,7 @@ async def relay_direct(
     yielded (the caller releases the slot there) and at the end, however it ends (it must be idempotent).
     Same contract as `relay_stream`: `[DONE]` on its own, and a body that ends early or breaks gives one
     error frame and `[DONE]`."""
+    # long: the per-chunk loop stays in one generator: every extra layer is paid per chunk (bench/relay_seam.py).
     reads = response.aiter_raw()
     quiet = _Quiet(line, keepalive_s)
     buffer = b""
