@@ -52,10 +52,12 @@ class ContextOptions:
     cache_type: str = "f16"
 
 
-class _LogForwarder:
-    """Sends llama.cpp's warnings and errors to our logger, one line each; drops the chatter."""
+class LogForwarder:
+    """Sends a native library's warnings and errors to our logger, one line each, under `prefix`; drops the
+    chatter (llama.cpp's here, mtmd's and clip's in `vision`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "llama.cpp") -> None:
+        self._prefix = prefix
         self._line = ""
         self._level = 0
         self.callback = lib.llama_log_callback(self._on_log)
@@ -69,17 +71,17 @@ class _LogForwarder:
         while "\n" in self._line:
             line, self._line = self._line.split("\n", 1)
             if line.strip():
-                log.warning("llama.cpp: %s", line.strip())
+                log.warning("%s: %s", self._prefix, line.strip())
 
 
-_log_forwarder: _LogForwarder | None = None
+_log_forwarder: LogForwarder | None = None
 
 
 def init_backend() -> None:
     """Initialise llama.cpp once per process and route its log through ours."""
     global _log_forwarder
     if _log_forwarder is None:
-        _log_forwarder = _LogForwarder()
+        _log_forwarder = LogForwarder()
         lib.llama_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
         lib.llama_backend_init()
 

@@ -177,33 +177,13 @@ def reusable_prefix(prompt: MultimodalPrompt, n_common: int) -> int:
     return min(n_common, start)
 
 
-class _LogForwarder:
-    """mtmd's and clip's warnings and errors to our logger, one line each; the per-image chatter dropped."""
-
-    def __init__(self) -> None:
-        self._line = ""
-        self._level = 0
-        self.callback = lib.llama_log_callback(self._on_log)
-
-    def _on_log(self, level: int, text: bytes, _user_data: Any) -> None:
-        if level != _LOG_CONT:
-            self._level = level
-        if self._level not in (_LOG_WARN, _LOG_ERROR):
-            return
-        self._line += text.decode("utf-8", "replace")
-        while "\n" in self._line:
-            line, self._line = self._line.split("\n", 1)
-            if line.strip():
-                log.warning("mtmd: %s", line.strip())
-
-
-_log_forwarder: _LogForwarder | None = None
+_log_forwarder: native.LogForwarder | None = None
 
 
 def _route_logs() -> None:
     global _log_forwarder
     if _log_forwarder is None:
-        _log_forwarder = _LogForwarder()
+        _log_forwarder = native.LogForwarder("mtmd")  # mtmd's and clip's warnings; the per-image chatter dropped
         mtmd.mtmd_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
         mtmd.mtmd_helper_log_set(_log_forwarder.callback, ctypes.c_void_p(0))
 
