@@ -68,10 +68,10 @@ def cluster_hosts_for(target: str, config: Config) -> list[HostView]:
     except (ConnectionError, RuntimeError) as exc:
         raise ClusterUnavailable(f"no Ray cluster at {address}: {exc}") from None
     try:
-        nodes = ray_agent.cluster_hosts()
+        nodes = ray_agent.cluster_nodes()
         if not nodes:
             raise ClusterUnavailable("the Ray cluster has no host declaring a voltgate_host:<name> resource")
-        agents = [ray_agent.spawn_agent(name, bind_host=ip) for name, ip in nodes.items()]
+        agents = [ray_agent.spawn_agent(name, node, bind_host=ip) for name, (ip, node) in nodes.items()]
         return asyncio.run(hosts_from_agents(agents, config))
     finally:
         ray.shutdown()

@@ -103,15 +103,23 @@ class RayHostAgent:
             ) from None
 
 
+def agent_name(host: str, node_id: str) -> str:
+    """The agent's actor name: the host and its Ray node, so a host that left and joined again (a new node)
+    gets a fresh agent and never the dead one of its old node (whose name Ray may not have released yet)."""
+    return f"agent:{host}@{node_id[:16]}"
+
+
 def spawn_agent(
-    host: str, *, bind_host: str, advertise: str | None = None, gpus: str = "auto", detached: bool = False
-) -> RayHostAgent:
-    """The agent of `host` (started there unless it already runs, found by name in the `voltgate` namespace).
+    host: str, node_id: str, *, bind_host: str, advertise: str | None = None, gpus: str = "auto",
+    detached: bool = False,
+) -> RayHostAgent:  # fmt: skip
+    """The agent of `host` on node `node_id` (started there unless it already runs, found by name in the
+    `voltgate` namespace).
 
     `detached` agents outlive the gateway process that started them (and their workers with them), so a
     restarted gateway finds them again; docs/cluster.md says what that does and does not give yet."""
     options: dict[str, Any] = {
-        "name": f"agent:{host}",
+        "name": agent_name(host, node_id),
         "namespace": NAMESPACE,
         "get_if_exists": True,
         "num_cpus": 0,

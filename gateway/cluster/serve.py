@@ -55,8 +55,16 @@ WATCH_INTERVAL_S = 1.0
 REFRESH_S = 5.0  # how often each host's live memory readings are asked for
 HOST_GPUS_ENV = "VOLTGATE_HOST_GPUS"  # simulated inventories per host: "a=2xv100-32gb,b=none" (tests, dry runs)
 
-Discover = Callable[[], Awaitable[tuple[dict[str, HostAgent], set[str]]]]
-"""The hosts that joined (new agents) and the names of the hosts that are gone, since the last call."""
+
+class Discover(Protocol):
+    """Where hosts come from: a call answers the hosts that joined (new agents) and the names of the hosts
+    that are gone, since the last call; `forget(host)` drops a host whose agent did not answer, so the next
+    call offers it again with a fresh agent (a busy new node may be slow to start one; a dead one never
+    answers)."""
+
+    def __call__(self) -> Awaitable[tuple[dict[str, HostAgent], set[str]]]: ...
+
+    def forget(self, host: str) -> None: ...
 
 
 class Residency(Protocol):
@@ -94,8 +102,11 @@ class RayDiscovery:
         for host, (ip, node) in nodes.items():
             if host not in self._nodes:
                 self._nodes[host] = node
-                joined[host] = ray_agent.spawn_agent(host, bind_host=ip, gpus=self._gpus.get(host, "auto"))
+                joined[host] = ray_agent.spawn_agent(host, node, bind_host=ip, gpus=self._gpus.get(host, "auto"))
         return joined, gone
+
+    def forget(self, host: str) -> None:
+        self._nodes.pop(host, None)
 
 
 @dataclass
@@ -117,19 +128,17 @@ class ClusterServing:
     _on_placement: Callable[[dict[str, Any]], None] | None = None
     _host_gauge: Gauge | None = None
     _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
-    _pending: dict[str, HostAgent] = field(default_factory=dict)  # hosts whose agent did not answer at join
 
     async def join(self, agents: Mapping[str, HostAgent]) -> None:
-        """Ask each new host's agent for its inventory and files; a host that does not answer is left out (the
-        watch asks it again next round, until its node leaves: a busy new node may be slow to start an agent)."""
+        """Ask each new host's agent for its inventory and files; a host that does not answer is left out and
+        forgotten by discovery, which offers it again next round with a fresh agent, until its node leaves."""
         for host, agent in agents.items():
             try:
                 (view,) = await hosts_from_agents([agent], self.config)
             except HostLost as exc:
-                log.warning("host %s did not answer: %s; asking again", host, exc)
-                self._pending[host] = agent
+                log.warning("host %s did not answer: %s; asking again with a fresh agent", host, exc)
+                self.discover.forget(host)
                 continue
-            self._pending.pop(host, None)
             self.agents[host], self.views[host] = agent, view
             self.probes[host] = ReportedProbe()
             _read(self.probes[host], view.inventory, view.memory_available_bytes)
@@ -225,8 +234,6 @@ class ClusterServing:
                 lost = {d.worker.host: d.worker.lost for d in registry
                         if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
                 joined, gone = await self.discover()
-                joined = {**{h: a for h, a in self._pending.items() if h not in gone}, **joined}
-                self._pending.clear()
                 lost.update({host: f"host {host!r} left the cluster" for host in gone if host in self.agents})
                 displaced = {m: h for m, h in self.assignment.items() if h in lost}
                 for host in lost:

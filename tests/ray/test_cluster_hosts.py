@@ -47,7 +47,10 @@ def test_one_plan_over_two_hosts_and_a_worker_served_on_host_b_with_its_secret(
     local_cluster: LocalCluster, smollm2_path: Path
 ) -> None:
     assert cluster_hosts() == {"a": NODE_IP, "b": NODE_IP}
-    agents = [spawn_agent("a", bind_host=NODE_IP, gpus="2xv100-32gb"), spawn_agent("b", bind_host=NODE_IP, gpus="none")]
+    agents = [
+        spawn_agent("a", local_cluster.nodes["a"].node_id, bind_host=NODE_IP, gpus="2xv100-32gb"),
+        spawn_agent("b", local_cluster.nodes["b"].node_id, bind_host=NODE_IP, gpus="none"),
+    ]
     config = _config(smollm2_path)
     hosts = asyncio.run(hosts_from_agents(agents, config))
     assert [len(h.inventory.gpus) for h in hosts] == [2, 0]  # each agent answers its own host's inventory
@@ -81,8 +84,8 @@ def test_one_plan_over_two_hosts_and_a_worker_served_on_host_b_with_its_secret(
 
 
 def test_a_removed_host_is_seen_as_lost(local_cluster: LocalCluster) -> None:
-    agent_a = spawn_agent("a", bind_host=NODE_IP, gpus="v100-16gb")
-    agent_b = spawn_agent("b", bind_host=NODE_IP, gpus="v100-32gb")
+    agent_a = spawn_agent("a", local_cluster.nodes["a"].node_id, bind_host=NODE_IP, gpus="v100-16gb")
+    agent_b = spawn_agent("b", local_cluster.nodes["b"].node_id, bind_host=NODE_IP, gpus="v100-32gb")
     assert asyncio.run(agent_a.describe()).host == "a"
     assert asyncio.run(agent_b.describe()).host == "b"
     local_cluster.cluster.remove_node(local_cluster.nodes["a"], allow_graceful=False)  # as a host dies: SIGKILL
@@ -125,7 +128,7 @@ def test_a_worker_on_a_lost_host_cuts_its_stream_and_answers_503_naming_the_host
         {"name": "m", "sources": [{"gguf": str(smollm2_path)}], "context": 2048, "hosts": ["a"]}]})  # fmt: skip
 
     async def scenario() -> None:
-        agents = [spawn_agent(h, bind_host=NODE_IP, gpus="none") for h in ("a", "b")]
+        agents = [spawn_agent(h, local_cluster.nodes[h].node_id, bind_host=NODE_IP, gpus="none") for h in ("a", "b")]
         report = plan_cluster(config, await hosts_from_agents(agents, config))
         plan = report.decision("m").decision.plan
         assert report.host_of("m") == "a" and plan is not None

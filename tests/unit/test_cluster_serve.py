@@ -23,7 +23,7 @@ from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.lifecycle.memory import NoProbe, Pools
-from gateway.lifecycle.workers import WorkerState, request_headers
+from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics
 from gateway.placement import Inventory
 
@@ -74,9 +74,17 @@ class Discovery:
     def __init__(self) -> None:
         self.joined: dict[str, Any] = {}
 
+        self.offered: dict[str, Any] = {}
+        self.forgotten: list[str] = []
+
     async def __call__(self) -> tuple[dict[str, Any], set[str]]:
         joined, self.joined = self.joined, {}
+        self.offered.update(joined)
         return joined, set()
+
+    def forget(self, host: str) -> None:  # offered again next round, as RayDiscovery spawns a fresh agent
+        self.forgotten.append(host)
+        self.joined[host] = self.offered[host]
 
 
 async def _until(check: Any) -> None:
@@ -123,7 +131,7 @@ def test_a_lost_host_is_replaced_where_it_fits_refused_where_not_and_regained(sm
             assert isinstance(beta, HostWorker) and beta.host == "b"
             await beta.ensure_ready(5)
             assert beta.base_url() == "http://b.invalid:1"
-            assert request_headers(beta)["Authorization"].startswith("Bearer ")  # the launch secret, every call
+            assert beta.headers["Authorization"].startswith("Bearer ")  # the launch secret, every call
 
             b.lost = True  # host b dies
             await _until(lambda: serving.assignment.get("beta") == "a")
@@ -187,6 +195,7 @@ def test_a_host_that_does_not_answer_when_it_joins_is_asked_again(smollm2_path: 
             serving.start(registry, residency, make, metrics, lambda _: None)
             discovery.joined = {"b": SlowAgent("b")}
             await _until(lambda: serving.assignment.get("alpha") == "b")  # joined on the second ask
+            assert discovery.forgotten == ["b"]  # the first silence made discovery offer it again
             await serving.close()
             for deployment in registry:
                 await deployment.worker.stop()
