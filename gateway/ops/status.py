@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from backends.base import EngineName
 from gateway import __version__
 from gateway.deployments import Deployment, Registry
-from gateway.lifecycle.memory import HOST, gpu_pool
+from gateway.lifecycle.memory import HOST, gpu_pool, on_host
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.resident import ModelState
 from gateway.ops.activity import BIN_S, ErrorEvent, SpeedBin
@@ -49,7 +49,8 @@ class ModelStatus(_Out):
     state: str  # unloaded, loading, ready, draining, failed
     reason: str | None  # why it failed
     progress: str | None  # what a loading model is doing
-    host: str
+    host: str  # local, or a remote endpoint's URL
+    cluster_host: str | None  # the cluster host it is served on (`serve --cluster`)
     gpus: list[int]
     memory: list[PoolMemory]
     in_flight: int
@@ -131,7 +132,10 @@ def status_report(
 ) -> StatusReport:
     visible = [d for d in registry if _visible(principal, d)]
     described = {d.name: residency.describe(d) for d in registry}
-    models = [_model(d, described[d.name], metrics) for d in visible]
+    on_hosts = (
+        {str(d["model"]): d.get("host") for d in placement.get("decisions") or ()} if placement.get("cluster") else {}
+    )
+    models = [_model(d, described[d.name], metrics, on_hosts.get(d.name)) for d in visible]
     errors = [e for e in metrics.activity.errors() if admin or open_mode or e.key_id == principal.key_id]
     return StatusReport(
         version=__version__,
@@ -153,7 +157,9 @@ def _visible(principal: Principal, deployment: Deployment) -> bool:
     return not allowed or deployment.name in allowed or bool(set(deployment.aliases) & set(allowed))
 
 
-def _model(deployment: Deployment, described: Mapping[str, Any], metrics: Metrics) -> ModelStatus:
+def _model(
+    deployment: Deployment, described: Mapping[str, Any], metrics: Metrics, cluster_host: str | None
+) -> ModelStatus:
     plan = deployment.plan
     prediction = metrics.live.predictions.get(deployment.name)
     decode, ttft = metrics.live.medians().get(deployment.name, (None, None))
@@ -172,6 +178,7 @@ def _model(deployment: Deployment, described: Mapping[str, Any], metrics: Metric
         reason=(described.get("error") or deployment.worker.last_error) if described["state"] == "failed" else None,
         progress=described.get("progress"),
         host="local" if plan.remote_url is None else plan.remote_url,
+        cluster_host=cluster_host,
         gpus=list(plan.gpu_indices),
         memory=memory,
         in_flight=int(described["in_flight"]),
@@ -187,21 +194,41 @@ def _model(deployment: Deployment, described: Mapping[str, Any], metrics: Metric
 def _pools(
     placement: Mapping[str, Any], residency: Residency, described: Mapping[str, Mapping[str, Any]]
 ) -> list[PoolStatus]:
-    """A bar per GPU of the placement's inventory, and one for host memory when its budget is known."""
+    """A bar per GPU of the placement's inventory, and one for host memory when its budget is known; on a
+    cluster (`serve --cluster`), those of every live host, each pool named and labelled with its host."""
     budgets = residency.budgets()
-    inventory = placement.get("inventory") or {}
+    if not placement.get("cluster"):
+        return _host_pools(placement.get("inventory") or {}, None, budgets, described)
+    return [
+        pool
+        for entry in placement.get("hosts") or ()
+        for pool in _host_pools(entry["report"].get("inventory") or {}, str(entry["host"]), budgets, described)
+    ]
+
+
+def _host_pools(
+    inventory: Mapping[str, Any],
+    host: str | None,
+    budgets: Mapping[str, Mapping[str, int | None]],
+    described: Mapping[str, Mapping[str, Any]],
+) -> list[PoolStatus]:
+    """The bars of one host (`host` None: the gateway's own), from its inventory and the residency's budgets."""
     pools = []
+    suffix = "" if host is None else f" · host {host}"
     for gpu in inventory.get("gpus") or ():
-        pool = gpu_pool(int(gpu["index"]))
+        pool = on_host(host, gpu_pool(int(gpu["index"])))
         total = int(gpu["total_bytes"])
         budget = budgets.get(pool, {}).get("budget_bytes")
-        label = f"GPU {gpu['index']} · {gpu['name']}"
+        label = f"GPU {gpu['index']} · {gpu['name']}{suffix}"
         reserved = total - budget if budget is not None else total - int(gpu["free_bytes"])
-        pools.append(_pool(pool, "gpu", label, total, max(0, reserved), described, bool(gpu.get("simulated"))))
-    host_budget = budgets.get(HOST, {}).get("budget_bytes")
+        simulated = bool(gpu.get("simulated"))
+        pools.append(_pool(pool, "gpu", label, host, total, max(0, reserved), described, simulated))
+    pool = on_host(host, HOST)
+    host_budget = budgets.get(pool, {}).get("budget_bytes")
     if host_budget is not None:
         total = int(inventory.get("host_memory_bytes") or host_budget)
-        pools.append(_pool(HOST, "host", "host memory", total, max(0, total - host_budget), described, False))
+        reserved = max(0, total - host_budget)
+        pools.append(_pool(pool, "host", "host memory" + suffix, host, total, reserved, described, False))
     return pools
 
 
@@ -209,6 +236,7 @@ def _pool(
     pool: str,
     kind: Literal["gpu", "host"],
     label: str,
+    host: str | None,
     total: int,
     reserved: int,
     described: Mapping[str, Mapping[str, Any]],
@@ -221,7 +249,7 @@ def _pool(
         if d["state"] in IN_MEMORY and held:
             used.append(PoolUse(model=name, bytes=int(held), measured=memory.get("measured_bytes") is not None))
     free = max(0, total - reserved - sum(u.bytes for u in used))
-    return PoolStatus(pool=pool, kind=kind, label=label, host="local", simulated=simulated, total_bytes=total,
+    return PoolStatus(pool=pool, kind=kind, label=label, host=host or "local", simulated=simulated, total_bytes=total,
                       reserved_bytes=reserved, used=used, free_bytes=free)  # fmt: skip
 
 

@@ -115,7 +115,7 @@ function renderModels(status) {
     state.append(el("span", "state state-" + m.state, m.state));
     if (m.progress) state.append(el("span", "aliases", m.progress));
     if (m.reason) state.append(el("span", "reason", m.reason));
-    const where = m.gpus.length ? "GPU " + m.gpus.join(", ") : "CPU";
+    const where = (m.gpus.length ? "GPU " + m.gpus.join(", ") : "CPU") + (m.cluster_host ? " on host " + m.cluster_host : "");
     const memory = m.memory.map((p) => `${p.pool}: ${gib(p.estimated_bytes)} / ${gib(p.measured_bytes)}`).join("\n");
     const cells = [
       name, state, el("td", "", m.engine), el("td", "", m.quant || "–"),

@@ -5,7 +5,7 @@ GGUF started by each host's agent, the openai SDK.
 One scenario, one cluster (the cluster takes most of the time on a small box): `alpha` may run only on `a`,
 `gamma` only on `b`, `beta` anywhere (the plan puts it on `b`).
 
-1. a request is served on each host; `/v1/placement` and `/metrics` name each model's host;
+1. a request is served on each host; `/v1/placement`, `/metrics` and the status page name each model's host;
 2. host `b` is killed while `beta` streams: the stream ends with an error frame and `[DONE]`; `beta` is
    re-placed on `a` and answers again (the time is measured); `gamma` gets a 503 naming it and the lost host;
 3. host `b` joins again: `gamma` is served there again.
@@ -129,6 +129,9 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
     assert 'voltgate:model_host{host="b",model="beta"} 1.0' in metrics
     assert 'voltgate:model_host{host="a",model="alpha"} 1.0' in metrics
     assert 'pool="a:host"' in metrics and 'pool="b:host"' in metrics  # each host's own memory pools
+    status = httpx.get(base + "/ui/api/status", timeout=10).json()  # the status page: bars and models per host
+    assert {p["pool"]: p["host"] for p in status["pools"]} == {"a:host": "a", "b:host": "b"}
+    assert {m["name"]: m["cluster_host"] for m in status["models"]} == {"alpha": "a", "beta": "b", "gamma": "b"}
 
     killed: list[float] = []
 

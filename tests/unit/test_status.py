@@ -56,3 +56,22 @@ async def test_a_failed_model_says_why() -> None:
     (model,) = report.models
     assert model.state == "failed" and model.reason is not None and "invalid GGUF" in model.reason
     assert report.pools == []  # no inventory, no host budget: nothing to draw
+
+
+async def test_on_a_cluster_every_host_has_its_bars_and_each_model_names_its_host() -> None:
+    from gateway.lifecycle.memory import NoProbe
+    from gateway.placement.inventory import Inventory
+
+    h = Harness({"a": ("on_demand", 300 * MB)}, budget=None)
+    gpus, none = inventory_from_spec("v100-32gb"), Inventory(source="none", host_memory_bytes=4096 * MB)
+    h.residency.pools.add_host("x", gpus, 2048 * MB, NoProbe())
+    h.residency.pools.add_host("y", none, 1024 * MB, NoProbe())
+    hosts = [{"host": "x", "report": {"inventory": gpus.model_dump(mode="json")}},
+             {"host": "y", "report": {"inventory": none.model_dump(mode="json")}}]  # fmt: skip
+    cluster = {"cluster": True, "hosts": hosts, "decisions": [{"model": "a", "host": "y"}]}
+    report = status_report(h.registry, h.residency, h.metrics, cluster, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    assert [(p.pool, p.host) for p in report.pools] == [("x:gpu0", "x"), ("x:host", "x"), ("y:host", "y")]
+    assert report.pools[0].label.endswith("· host x") and report.pools[2].label == "host memory · host y"
+    assert report.pools[2].total_bytes == 4096 * MB and report.pools[2].reserved_bytes == 3072 * MB
+    assert report.models[0].cluster_host == "y" and report.models[0].host == "local"
