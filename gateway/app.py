@@ -31,7 +31,7 @@ from gateway.lifecycle.process import WorkerProcess
 from gateway.lifecycle.remote import RemoteEndpoint
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.supervisor import WorkerMachine
-from gateway.lifecycle.workers import Worker, WorkerState, request_headers
+from gateway.lifecycle.workers import Worker, WorkerState
 from gateway.openapi import install_openapi
 from gateway.ops.auth import KeyStore
 from gateway.ops.live_speed import predictions_from_placement
@@ -240,7 +240,7 @@ async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metr
                 continue
             with contextlib.suppress(httpx.HTTPError, ValueError, GatewayError):
                 response = await client.get(
-                    deployment.worker.base_url() + "/health", timeout=2.0, headers=request_headers(deployment.worker)
+                    deployment.worker.base_url() + "/health", timeout=2.0, headers=deployment.worker.headers
                 )
                 data = response.json()
                 if isinstance(data, dict):

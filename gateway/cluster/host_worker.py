@@ -96,7 +96,7 @@ class HostWorker:
                            retry_after_s=5)  # fmt: skip
 
     def connection_lost(self, cause: str) -> str:
-        """What a client whose call broke is told (`gateway.lifecycle.workers.connection_lost_message`)."""
+        """What a client whose call broke is told (`gateway.lifecycle.workers.Worker.connection_lost`)."""
         return (
             f"model {self.name!r}: the connection to its worker on host {self.host!r} was lost ({cause}); "
             "if the host is gone, the model is re-placed on another host if one has room, else its requests "

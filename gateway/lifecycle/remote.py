@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.remote")
 
@@ -22,6 +22,8 @@ HEALTH_INTERVAL_S = 5.0
 
 class RemoteEndpoint:
     """Polls `<root>/v1/models`; READY while it answers 200, FAILED (503 for requests) while it does not."""
+
+    headers = NO_HEADERS
 
     def __init__(
         self,
@@ -68,6 +70,9 @@ class RemoteEndpoint:
 
     def note_success(self) -> None:
         """Health checks, not requests, decide a remote endpoint's state."""
+
+    def connection_lost(self, cause: str) -> str:
+        return f"model {self.name!r}: the connection to its endpoint {self.root_url} was lost ({cause})"
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import CRASH_LIMIT, HEALTHY_RESET_S, Backoff, Policy
-from gateway.lifecycle.workers import WorkerHandle, WorkerStartError, WorkerState
+from gateway.lifecycle.workers import NO_HEADERS, WorkerHandle, WorkerStartError, WorkerState, restarted_message
 
 __all__ = ["NATIVE_CRASH_HINT", "WorkerMachine"]
 
@@ -31,6 +31,8 @@ NATIVE_CRASH_HINT = (
 class WorkerMachine:
     """One model's worker: a `gateway.lifecycle.workers.Worker` driving `handle`. All methods run on the event
     loop; none blocks it."""
+
+    headers = NO_HEADERS
 
     def __init__(
         self,
@@ -95,6 +97,9 @@ class WorkerMachine:
 
     async def await_ready(self, timeout_s: float | None = None) -> None:
         await self._await(self._failures, timeout_s)
+
+    def connection_lost(self, cause: str) -> str:
+        return restarted_message(self.name, cause)
 
     def base_url(self) -> str:
         """The worker's URL when READY; otherwise a 503 with Retry-After saying why."""

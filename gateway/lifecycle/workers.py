@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Protocol
 
 
@@ -96,6 +97,17 @@ class Worker(Protocol):
         """Stop serving (terminating any process); safe in every state and idempotent."""
         ...
 
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """What every call to this worker must carry: a cluster worker's launch secret
+        (`gateway.cluster.host_worker.HostWorker`); `NO_HEADERS` for the others."""
+        ...
+
+    def connection_lost(self, cause: str) -> str:
+        """What a client whose call to this worker broke is told (`cause`: the exception's name): a local
+        worker is restarted by its supervisor, a cluster worker's host is named with what happens next."""
+        ...
+
 
 @dataclass(frozen=True)
 class WorkerExit:
@@ -152,18 +164,9 @@ class WorkerHandle(Protocol):
         ...
 
 
-def request_headers(worker: Worker) -> Mapping[str, str]:
-    """The headers every call to `worker` must carry: a cluster worker's launch secret
-    (`gateway.cluster.host_worker.HostWorker.headers`); none for the other workers."""
-    headers = getattr(worker, "headers", None)
-    return headers if isinstance(headers, Mapping) else {}
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-def connection_lost_message(worker: object, model: str, cause: str) -> str:
-    """What a client is told when the connection to `worker` broke (`cause`: the exception's name): a worker
-    that knows better says it (`HostWorker.connection_lost`: the host, and what happens to the model); a local
-    one is restarted by its supervisor."""
-    describe = getattr(worker, "connection_lost", None)
-    if callable(describe):
-        return str(describe(cause))
+def restarted_message(model: str, cause: str) -> str:
+    """`Worker.connection_lost` of a supervised local worker."""
     return f"model {model!r}: worker connection lost ({cause}); it is being restarted"

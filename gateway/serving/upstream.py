@@ -20,7 +20,7 @@ from backends.base import UpstreamError
 from backends.request import ENGINE_PATHS, AnyEngineRequest
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import connection_lost_message, request_headers
+from gateway.lifecycle.workers import Worker, restarted_message
 
 WORKER_EXTENSION = "voltgate.worker"
 """The worker a request goes to, on the httpx request (so a broken stream's error can name it)."""
@@ -43,10 +43,11 @@ def transport_error(exc: Exception, model: str) -> GatewayError:
     """A call that got no answer: a timeout (504-family, retry later) or a lost connection (503)."""
     if isinstance(exc, httpx.TimeoutException):
         return GatewayError(ErrorCode.UPSTREAM_TIMEOUT, f"model {model!r} did not answer in time", retry_after_s=5)
-    worker = None
+    worker: Worker | None = None
     with contextlib.suppress(RuntimeError):  # httpx raises where no request was attached to the error
         worker = exc.request.extensions.get(WORKER_EXTENSION) if isinstance(exc, httpx.RequestError) else None
-    message = connection_lost_message(worker, model, type(exc).__name__)  # names a cluster worker's host
+    cause = type(exc).__name__
+    message = restarted_message(model, cause) if worker is None else worker.connection_lost(cause)
     return GatewayError(ErrorCode.WORKER_UNAVAILABLE, message, retry_after_s=5)
 
 
@@ -62,8 +63,8 @@ class Upstream:
     def _request(self, request: AnyEngineRequest) -> httpx.Request:
         url = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
         body = self.deployment.adapter.translate_request(request)
-        headers = request_headers(self.deployment.worker)  # a cluster worker's launch secret; none locally
-        call = self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=headers)
+        worker = self.deployment.worker  # its headers: a cluster worker's launch secret; none locally
+        call = self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=worker.headers)
         call.extensions[WORKER_EXTENSION] = self.deployment.worker
         return call
 

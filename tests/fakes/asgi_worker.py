@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 
 BASE_URL = "http://fake-worker"
 
@@ -117,6 +117,11 @@ class FakeWorker:
 
     def note_success(self) -> None:
         self.successes += 1
+
+    headers = NO_HEADERS
+
+    def connection_lost(self, cause: str) -> str:
+        return restarted_message(self.name, cause)
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 from tests.fakes.asgi_worker import BASE_URL
 
 
@@ -82,6 +82,11 @@ class FakeLoadingWorker:
 
     def note_success(self) -> None:
         """Requests served do not change a fake's state."""
+
+    headers = NO_HEADERS
+
+    def connection_lost(self, cause: str) -> str:
+        return restarted_message(self.name, cause)
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -19,7 +20,7 @@ from gateway.cluster import HostLost, HostReport, WorkerReport
 from gateway.cluster.host_worker import HostWorker
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import WorkerStartError, WorkerState, restarted_message
 from gateway.placement import Inventory
 from gateway.serving.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames
 from gateway.serving.upstream import Upstream
@@ -172,7 +173,7 @@ async def test_a_stream_cut_on_another_host_names_the_host_and_what_happens_next
 
 async def test_a_stream_cut_on_a_local_worker_keeps_saying_it_is_restarted() -> None:
     server, url = await _server_that_breaks_mid_stream()
-    local = SimpleNamespace(base_url=lambda: url, headers={})  # a local worker has no connection_lost wording
+    local = SimpleNamespace(base_url=lambda: url, headers={}, connection_lost=partial(restarted_message, "m"))
     try:
         error = await _relay_through(local)
     finally:
