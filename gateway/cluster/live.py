@@ -52,10 +52,14 @@ async def hosts_from_agents(agents: Sequence[HostAgent], config: Config) -> list
     ]
 
 
-def cluster_hosts_for(target: str, config: Config) -> list[HostView]:
-    """`target` is a cluster file, `ray` (RAY_ADDRESS, else the local head) or `ray:HOST:PORT`."""
-    if target != "ray" and not target.startswith("ray:"):
-        return load_cluster_file(Path(target))
+def is_live(target: str) -> bool:
+    """`--cluster ray` / `ray:HOST:PORT` name a live Ray cluster; anything else is a cluster file."""
+    return target == "ray" or target.startswith("ray:")
+
+
+def connect(target: str) -> None:
+    """Connect this process to the live Ray cluster `target` names (`ray`: RAY_ADDRESS, else the local head;
+    `ray:HOST:PORT`) as a driver in voltgate's namespace. Raises `ClusterUnavailable` with the reason."""
     try:
         import ray
 
@@ -67,6 +71,17 @@ def cluster_hosts_for(target: str, config: Config) -> list[HostView]:
         ray.init(address=address, namespace=ray_agent.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError) as exc:
         raise ClusterUnavailable(f"no Ray cluster at {address}: {exc}") from None
+
+
+def cluster_hosts_for(target: str, config: Config) -> list[HostView]:
+    """`target` is a cluster file, `ray` (RAY_ADDRESS, else the local head) or `ray:HOST:PORT`."""
+    if not is_live(target):
+        return load_cluster_file(Path(target))
+    connect(target)
+    import ray
+
+    from gateway.cluster import ray_agent
+
     try:
         nodes = ray_agent.cluster_nodes()
         if not nodes:

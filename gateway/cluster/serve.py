@@ -40,7 +40,7 @@ from backends.base import DeploymentPlan
 from gateway.cluster.agent import HostAgent, HostLost, HostReport
 from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
 from gateway.cluster.hosts import HostView
-from gateway.cluster.live import ClusterUnavailable, hosts_from_agents
+from gateway.cluster.live import ClusterUnavailable, connect, hosts_from_agents, is_live
 from gateway.cluster.plan import ClusterReport, plan_cluster
 from gateway.config import Config, ModelSpec
 from gateway.deployments import Deployment, Registry
@@ -303,22 +303,12 @@ def _read(probe: ReportedProbe, inventory: Inventory, available: int | None) -> 
 def open_cluster(target: str, config: Config) -> ClusterServing:
     """Connect to the live cluster (`ray`: RAY_ADDRESS, else the local head; `ray:HOST:PORT`), start every
     host's agent and plan over the hosts. Raises `ClusterUnavailable` with the reason."""
-    if target != "ray" and not target.startswith("ray:"):
+    if not is_live(target):
         raise ClusterUnavailable(
             f"--cluster {target}: serving needs a live cluster ('ray' or 'ray:HOST:PORT'); a cluster file is for "
             "`voltgate plan --cluster`"
         )
-    try:
-        import ray
-
-        from gateway.cluster import ray_agent
-    except ImportError as exc:
-        raise ClusterUnavailable(f"--cluster {target} needs Ray: pip install 'voltgate[cluster]' ({exc})") from None
-    address = target.removeprefix("ray").removeprefix(":") or "auto"
-    try:
-        ray.init(address=address, namespace=ray_agent.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError) as exc:
-        raise ClusterUnavailable(f"no Ray cluster at {address}: {exc}") from None
+    connect(target)
     serving = ClusterServing(config, RayDiscovery(host_gpus()))
 
     async def first() -> None:
