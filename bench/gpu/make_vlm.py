@@ -1,15 +1,18 @@
 """A random-weight Qwen2-VL in Hugging Face format, for TurboMind's vision path on the GPU machine (no downloads).
 
-    python3 -m bench.gpu.make_vlm OUT [--shape 2b|small]
+    python3 -m bench.gpu.make_vlm OUT [--shape 2b|2.5-3b|small]
 
 `2b` is Qwen2-VL-2B-Instruct's shape exactly (text: 28 layers, hidden 1536, 12 heads of 128, 2 KV heads, FFN
 8960, M-RoPE sections 16/24/24, tied embeddings; vision: 32 ViT blocks, width 1280, 16 heads of 80, MLP 5120,
 14-pixel patches, 2x2 merge into the text width) except the vocabulary: a synthetic 32,000-piece unigram
-tokenizer plus Qwen2-VL's special tokens (32,064 rows). `small` keeps every width and head size and has 2 text
-layers and 2 ViT blocks (a CPU check of the files). The checkpoint uses Qwen2-VL's original tensor names and
-config layout (`visual.*`, `model.layers.*`, the text fields at the top of config.json), which is what LMDeploy
-0.18's TurboMind loader reads (lmdeploy/turbomind/models/qwen2_vl.py). Weights: std 0.02, norms 1, biases 0;
-drawn with torch on the GPU when there is one, else with numpy.
+tokenizer plus Qwen2-VL's special tokens (32,064 rows). `2.5-3b` is Qwen2.5-VL-3B-Instruct's (text: 36 layers,
+hidden 2048, 16 heads of 128, 2 KV heads, FFN 11008; vision: 32 blocks of width 1280 with RMSNorm, a gated
+MLP of 3420, window attention of 112 pixels with full attention in blocks 7/15/23/31), same vocabulary.
+`small` keeps every width and head size of `2b` and has 2 text layers and 2 ViT blocks (a CPU check). The
+checkpoint uses Qwen2-VL's original tensor names and config layout (`visual.*`, `model.layers.*`, the text
+fields at the top of config.json), which is what LMDeploy 0.18's TurboMind loader reads
+(lmdeploy/turbomind/models/qwen2_vl.py). Weights: std 0.02, norms 1, biases 0; drawn with torch on the GPU
+when there is one, else with numpy.
 """
 
 from __future__ import annotations
@@ -28,8 +31,17 @@ NORMAL_VOCAB = 32_000
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
 VOCAB_ROWS = 32_064
-TEXT = {"2b": dict(num_hidden_layers=28), "small": dict(num_hidden_layers=2)}
-VISION_DEPTH = {"2b": 32, "small": 2}
+TEXT: dict[str, dict[str, int]] = {
+    "2b": dict(num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12),
+    "2.5-3b": dict(num_hidden_layers=36, hidden_size=2048, intermediate_size=11008, num_attention_heads=16),
+    "small": dict(num_hidden_layers=2, hidden_size=1536, intermediate_size=8960, num_attention_heads=12),
+}
+QWEN2_VISION = {"embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3, "hidden_size": 1536,
+                "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+QWEN2_5_VISION = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_chans": 3,
+                  "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                  "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+                  "hidden_act": "silu", "model_type": "qwen2_5_vl"}  # fmt: skip
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
     "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] in "
@@ -44,10 +56,13 @@ def special_id(token: str) -> int:
 
 
 def config(shape: str) -> dict[str, Any]:
-    """config.json in Qwen2-VL-2B-Instruct's layout (text fields at the top, `vision_config` nested)."""
+    """config.json in Qwen2-VL-2B-Instruct's (Qwen2.5-VL-3B-Instruct's) layout: text fields at the top,
+    `vision_config` nested."""
+    qwen2_5 = shape.startswith("2.5")
+    vision = QWEN2_5_VISION if qwen2_5 else {**QWEN2_VISION, "depth": 2 if shape == "small" else 32}
     return {
-        "architectures": ["Qwen2VLForConditionalGeneration"],
-        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration" if qwen2_5 else "Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl" if qwen2_5 else "qwen2_vl",
         "attention_dropout": 0.0,
         "bos_token_id": special_id("<|endoftext|>"),
         "eos_token_id": special_id("<|im_end|>"),
@@ -57,12 +72,9 @@ def config(shape: str) -> dict[str, Any]:
         "image_token_id": special_id("<|image_pad|>"),
         "video_token_id": special_id("<|video_pad|>"),
         "hidden_act": "silu",
-        "hidden_size": 1536,
         "initializer_range": 0.02,
-        "intermediate_size": 8960,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": 128000 if qwen2_5 else 32768,
         "max_window_layers": TEXT[shape]["num_hidden_layers"],
-        "num_attention_heads": 12,
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
@@ -73,17 +85,7 @@ def config(shape: str) -> dict[str, Any]:
         "use_sliding_window": False,
         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
         "vocab_size": VOCAB_ROWS,
-        "vision_config": {
-            "depth": VISION_DEPTH[shape],
-            "embed_dim": 1280,
-            "mlp_ratio": 4,
-            "num_heads": 16,
-            "in_chans": 3,
-            "hidden_size": 1536,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
+        "vision_config": vision,
         **TEXT[shape],
     }
 
@@ -91,27 +93,30 @@ def config(shape: str) -> dict[str, Any]:
 def tensor_shapes(c: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor of the checkpoint with Qwen2-VL's original names (tied embeddings: no lm_head)."""
     v = c["vision_config"]
-    e, mlp = v["embed_dim"], v["embed_dim"] * v["mlp_ratio"]
+    gated = "intermediate_size" in v  # Qwen2.5-VL: RMSNorm (no biases) and a gated MLP
+    e = v.get("embed_dim", v["hidden_size"])
+    mlp = v["intermediate_size"] if gated else e * v["mlp_ratio"]
     merged = e * v["spatial_merge_size"] ** 2
-    yield (
-        "visual.patch_embed.proj.weight",
-        (e, v["in_chans"], v["temporal_patch_size"], v["patch_size"], v["patch_size"]),
-    )
+    patch = (e, v["in_chans"], v["temporal_patch_size"], v["patch_size"], v["patch_size"])
+    yield "visual.patch_embed.proj.weight", patch
+    ffn = [("gate_proj", mlp, e), ("up_proj", mlp, e), ("down_proj", e, mlp)] if gated else [
+        ("fc1", mlp, e), ("fc2", e, mlp)]  # fmt: skip
     for i in range(v["depth"]):
         p = f"visual.blocks.{i}."
         for norm in ("norm1", "norm2"):
             yield p + norm + ".weight", (e,)
-            yield p + norm + ".bias", (e,)
+            if not gated:
+                yield p + norm + ".bias", (e,)
         yield p + "attn.qkv.weight", (3 * e, e)
         yield p + "attn.qkv.bias", (3 * e,)
         yield p + "attn.proj.weight", (e, e)
         yield p + "attn.proj.bias", (e,)
-        yield p + "mlp.fc1.weight", (mlp, e)
-        yield p + "mlp.fc1.bias", (mlp,)
-        yield p + "mlp.fc2.weight", (e, mlp)
-        yield p + "mlp.fc2.bias", (e,)
+        for name, rows, cols in ffn:
+            yield p + f"mlp.{name}.weight", (rows, cols)
+            yield p + f"mlp.{name}.bias", (rows,)
     yield "visual.merger.ln_q.weight", (e,)
-    yield "visual.merger.ln_q.bias", (e,)
+    if not gated:
+        yield "visual.merger.ln_q.bias", (e,)
     yield "visual.merger.mlp.0.weight", (merged, merged)
     yield "visual.merger.mlp.0.bias", (merged,)
     yield "visual.merger.mlp.2.weight", (c["hidden_size"], merged)
@@ -191,7 +196,7 @@ def pieces() -> list[tuple[str, float]]:
     return out
 
 
-def write_tokenizer(out: Path) -> None:
+def write_tokenizer(out: Path, processor: str = "Qwen2VLProcessor") -> None:
     """tokenizer.json (unigram, byte fallback, Qwen2-VL's special tokens after the 32,000 pieces), its config
     with a ChatML template like Qwen2-VL's, and the image processor's config (Qwen2-VL-2B-Instruct's values)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
@@ -212,7 +217,7 @@ def write_tokenizer(out: Path) -> None:
         "model_max_length": 32768,
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
-        "processor_class": "Qwen2VLProcessor",
+        "processor_class": processor,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     (out / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=1))
@@ -225,7 +230,7 @@ def write_tokenizer(out: Path) -> None:
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2VLProcessor",
+        "processor_class": processor,
     }
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1))
 
@@ -240,7 +245,7 @@ def main() -> None:
     (args.out / "config.json").write_text(json.dumps(c, indent=1))
     gen = {"bos_token_id": c["bos_token_id"], "eos_token_id": c["eos_token_id"], "do_sample": False}
     (args.out / "generation_config.json").write_text(json.dumps(gen))
-    write_tokenizer(args.out)
+    write_tokenizer(args.out, "Qwen2_5_VLProcessor" if args.shape.startswith("2.5") else "Qwen2VLProcessor")
     total = write_weights(args.out, c)
     print(f"{args.out}: Qwen2-VL {args.shape} shape, {total / 2 / 1e9:.3f} B params, {total / 1e9:.2f} GB fp16")
 

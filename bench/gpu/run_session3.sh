@@ -21,6 +21,7 @@
 #   vlm                issue #25: a random-weight Qwen2-VL-2B shape (bench.gpu.make_vlm) on TurboMind via voltgate
 #                      serve, held to a V100-16GB's free memory: plan, bench.gpu.vlm_turbomind (images, batching,
 #                      memory estimated vs measured). SKIP_LLAMA=1 before `setup` leaves out the llama.cpp build.
+#   vlm25              the same with a random Qwen2.5-VL-3B shape (tm-vlm25-16gb.yaml)
 # Everything lands in /tmp/s3/results and is packed into $OUT/results_call$CALL.tar.gz at the end.
 set -uo pipefail
 OUT=${1:?usage: run_session3.sh OUT STEP...}; shift
@@ -36,7 +37,8 @@ pack() {
   cp "$G/prepare_gguf.log" "$R/" 2> /dev/null; cp "$G/gguf/convert.jsonl" "$R/" 2> /dev/null
   tar czf "$OUT/results_call$CALL.tar.gz" -C /tmp/s3 results
   cp "$R/run_session3.log" "$OUT/"
-  for f in "$R"/pvm/predict_vs_measure.md "$R"/features/features.jsonl "$R"/vlm/vlm.jsonl "$R"/vlm/plan_vlm-16gb.txt; do [[ -f $f ]] && cp "$f" "$OUT/"; done
+  for f in "$R"/pvm/predict_vs_measure.md "$R"/features/features.jsonl "$R"/vlm/vlm.jsonl "$R"/vlm/plan_vlm-16gb.txt \
+           "$R"/vlm25/vlm25.jsonl "$R"/vlm25/plan_vlm25-16gb.txt; do [[ -f $f ]] && cp "$f" "$OUT/"; done
   ls -la "$OUT"
 }
 trap pack EXIT
@@ -197,30 +199,30 @@ step_embed() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$D/gpu_mem_after.txt"
 }
 
-step_vlm() {
+step_vlm() {  # $1 = results folder, $2 = make_vlm shape, $3 = config (its source: /tmp/gpu/models/<$1>)
   env_on; end_leftover_on_port
-  local D=$R/vlm C=${VLM_CONFIG:-bench/gpu/configs/tm-vlm-16gb.yaml} M=$G/models/vlm2b; mkdir -p "$D"
+  local D=$R/$1 C=$3 M=$G/models/${4:-$1}; mkdir -p "$D"
   if [[ ! -f $M/made ]]; then
-    python3 -m bench.gpu.make_vlm $M --shape ${VLM_SHAPE:-2b} > "$D/make_vlm.log" 2>&1 && touch $M/made
+    python3 -m bench.gpu.make_vlm $M --shape $2 > "$D/make_vlm.log" 2>&1 && touch $M/made
     tail -1 "$D/make_vlm.log"
   fi
   hold 16160
-  COLUMNS=160 python3 -m gateway plan --config $C --gpus auto > "$D/plan_vlm-16gb.txt" 2>&1; cat "$D/plan_vlm-16gb.txt"
-  python3 -m gateway plan --config $C --gpus auto --json > "$D/plan_vlm-16gb.json" 2> "$D/plan_stderr.txt"
-  python3 -m gateway serve --config $C --gpus auto --port $PORT > "$D/gateway_vlm-16gb.log" 2>&1 & local gw=$!
+  COLUMNS=160 python3 -m gateway plan --config $C --gpus auto > "$D/plan_$1-16gb.txt" 2>&1; cat "$D/plan_$1-16gb.txt"
+  python3 -m gateway plan --config $C --gpus auto --json > "$D/plan_$1-16gb.json" 2> "$D/plan_stderr.txt"
+  python3 -m gateway serve --config $C --gpus auto --port $PORT > "$D/gateway_$1-16gb.log" 2>&1 & local gw=$!
   if wait_ready $gw 300; then
     stamp "vlm: gateway ready"
     curl -s http://127.0.0.1:$PORT/v1/models > "$D/v1_models.json"
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee "$D/gpu_mem_ready.txt"
     timeout -s TERM $(($(left) - 25)) python3 -m bench.gpu.vlm_turbomind --base-url http://127.0.0.1:$PORT \
-      --model vlm --out "$D/vlm.jsonl" --hold-pid "$hold_pid" 2> "$D/vlm_stderr.txt"
+      --model vlm --out "$D/$1.jsonl" --hold-pid "$hold_pid" 2> "$D/vlm_stderr.txt"
     echo "vlm_turbomind exit $?"; cat "$D/vlm_stderr.txt"
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee "$D/gpu_mem_after.txt"
   else
-    stamp "vlm: gateway NOT READY"; tail -60 "$D/gateway_vlm-16gb.log"
+    stamp "vlm: gateway NOT READY"; tail -60 "$D/gateway_$1-16gb.log"
   fi
   kill -TERM $gw 2> /dev/null; wait $gw 2> /dev/null
-  grep -v '^\s*$' "$D/gateway_vlm-16gb.log" | grep -iv 'GET /v1/models' | tail -40
+  grep -v '^\s*$' "$D/gateway_$1-16gb.log" | grep -v 'GET /v1/models\|POST /v1/chat\|voltgate.access' | tail -25
   unhold
 }
 
@@ -239,7 +241,8 @@ for s in "$@"; do
     pvm:*) need "$s" "${PVM_NEED:-90}" && step_pvm "${s#pvm:}" ;;
     swap) need swap 170 && step_swap ;;
     embed) need embed 50 && step_embed ;;
-    vlm) need vlm 150 && step_vlm ;;
+    vlm) need vlm 150 && step_vlm vlm 2b bench/gpu/configs/tm-vlm-16gb.yaml vlm2b ;;
+    vlm25) need vlm25 170 && step_vlm vlm25 2.5-3b bench/gpu/configs/tm-vlm25-16gb.yaml ;;
     *) stamp "unknown step $s" ;;
   esac
 done

@@ -25,10 +25,12 @@ TURBOMIND_VISION = {
 """Architectures whose images TurboMind encodes (lmdeploy/turbomind/supported_models.py lines 12-13 and 23-25
 of 0.18.0), and the encoder's name for the plan."""
 
-VIT_ACTIVATION_ELEMENTS_PER_PATCH = 8
+VIT_ACTIVATION_ELEMENTS_PER_PATCH = 6
 """Activation allowance of the encoder, per patch of one image, in units of the encoder's width (fp16): the
-residual, the norm's output, Q, K and V, the attention output and the MLP's two halves (`intermediate_size`
-counted on its own, twice). See `vision_activation_bytes`."""
+residual, the norm's output, Q, K, V and the attention output, beside one row of the MLP's intermediate and
+the patch's input values. Calibrated on the H200 (bench/results/2026-12-02-gpu-vlm/): a random Qwen2-VL-2B's
+worker grew by 1,600 MiB encoding one 65,536-patch image, 12,800 fp16 values a patch; this gives 13,976 (+9 %).
+See `vision_activation_bytes`."""
 
 _INTERNVL_TILES = 12
 """InternVL's default `max_dynamic_patch` (448-pixel tiles per image), plus the thumbnail tile."""
@@ -114,8 +116,8 @@ def _max_patches(config: dict[str, Any], vc: dict[str, Any], path: Path, patch: 
 def vision_activation_bytes(tower: VisionTower, session_len: int) -> int:
     """The encoder's activations for the largest image one session can hold, fp16: the image's patches (its
     tokens, `patches / merge`, must fit in the session) times `VIT_ACTIVATION_ELEMENTS_PER_PATCH` widths plus
-    two intermediate rows and the patch's input values. TurboMind encodes one image at a time here (LMDeploy's
+    one intermediate row and the patch's input values. TurboMind encodes one image at a time here (LMDeploy's
     `--vision-max-batch-size` is 1 by default)."""
     patches = min(tower.max_patches, tower.merge * session_len)
-    per_patch = VIT_ACTIVATION_ELEMENTS_PER_PATCH * tower.hidden_size + 2 * tower.intermediate_size + tower.patch_in_dim
+    per_patch = VIT_ACTIVATION_ELEMENTS_PER_PATCH * tower.hidden_size + tower.intermediate_size + tower.patch_in_dim
     return math.ceil(patches * per_patch * 2)
