@@ -149,7 +149,10 @@ def random_fp16(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
         if torch.cuda.is_available():
             g = torch.Generator(device="cuda").manual_seed(seed)
-            return (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16) * 0.02).cpu().numpy()
+            drawn: np.ndarray = (
+                (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16) * 0.02).cpu().numpy()
+            )
+            return drawn
     except ImportError:
         pass
     rng = np.random.default_rng(seed)

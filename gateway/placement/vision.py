@@ -25,12 +25,14 @@ TURBOMIND_VISION = {
 """Architectures whose images TurboMind encodes (lmdeploy/turbomind/supported_models.py lines 12-13 and 23-25
 of 0.18.0), and the encoder's name for the plan."""
 
-VIT_ACTIVATION_ELEMENTS_PER_PATCH = 6
+VIT_ACTIVATION_ELEMENTS_PER_PATCH = 7
 """Activation allowance of the encoder, per patch of one image, in units of the encoder's width (fp16): the
-residual, the norm's output, Q, K, V and the attention output, beside one row of the MLP's intermediate and
-the patch's input values. Calibrated on the H200 (bench/results/2026-12-02-gpu-vlm/): a random Qwen2-VL-2B's
-worker grew by 1,600 MiB encoding one 65,536-patch image, 12,800 fp16 values a patch; this gives 13,976 (+9 %).
+residual, the norm's output, Q, K, V, the attention output and a spare, beside one row of the MLP's
+intermediate and the patch's input values. Measured on the H200 (bench/results/2026-12-02-gpu-vlm/): encoding
+one 65,536-patch image grew the worker by 1,600 and 1,760 MiB (random Qwen2-VL-2B, two runs) and 1,504 MiB
+(Qwen2.5-VL-3B); 7 widths give 1,907 and 1,695 MiB, above each (6 gave 1,747: 0.7 % short of the second run).
 See `vision_activation_bytes`."""
+
 
 _INTERNVL_TILES = 12
 """InternVL's default `max_dynamic_patch` (448-pixel tiles per image), plus the thumbnail tile."""
