@@ -179,3 +179,36 @@ def test_the_plan_serves_images_and_says_what_it_counts_for_the_encoder(vlm_dir:
     out = io.StringIO()
     render_plan_table(report, Console(file=out, width=240, color_system=None))
     assert "vision_encoder" in out.getvalue() and "vision encoder (Qwen2-VL ViT" in out.getvalue()
+
+
+def test_an_internvl_tower_is_read_from_its_own_key_names(tmp_path: Path) -> None:
+    """InternVL's original layout: the text model under `llm_config`, the InternViT under `vision_config` with
+    `num_hidden_layers`/`hidden_size`, 448-pixel tiles (12 + a thumbnail) and a 0.5 pixel-shuffle."""
+    config = {
+        "architectures": ["InternVLChatModel"],
+        "downsample_ratio": 0.5,
+        "max_dynamic_patch": 12,
+        "llm_config": {**QWEN2_0_5B, "architectures": ["Qwen2ForCausalLM"]},
+        "vision_config": {
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_hidden_layers": 24,
+            "patch_size": 14,
+            "image_size": 448,
+            "num_channels": 3,
+        },
+    }
+    directory = tmp_path / "internvl2-1b"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = [
+        ("vision_model.embeddings.patch_embedding.weight", "BF16", (1024, 3, 14, 14)),
+        ("language_model.model.layers.0.mlp.up_proj.weight", "BF16", (4864, 896)),
+    ]
+    write_safetensors(directory / "model.safetensors", tensors)
+    source = inspect_hf_dir(directory)
+    tower = source.vision
+    assert tower is not None and source.shape.architecture == "InternVLChatModel"
+    assert (tower.depth, tower.hidden_size, tower.merge, tower.max_patches) == (24, 1024, 4, 32 * 32 * 13)
+    assert tower.weights_bytes == 2 * 1024 * 3 * 14 * 14  # the one `vision_model.*` tensor, counted
+    assert source.layer_bytes[0] == 2 * 4864 * 896  # the text layer is still the text model's
