@@ -95,6 +95,11 @@ class DeploymentPlan(_Frozen):
     matryoshka: bool = Field(default=False, description="embed: vectors may be cut to `dimensions`")
     embed_truncate: bool = Field(default=False, description="embed: cut over-long inputs instead of refusing them")
     mmproj: Path | None = Field(default=None, description="llama.cpp: the multimodal projector (images in chat)")
+    vision_encoder: str | None = Field(
+        default=None,
+        description="TurboMind: the vision tower LMDeploy runs in TurboMind for this architecture (e.g. "
+        "'Qwen2-VL ViT'); None: text only (images refused)",
+    )
 
 
 class LaunchSpec(_Frozen):

@@ -20,7 +20,7 @@ from backends.base import (
     normalize_openai_error,
 )
 from backends.overflow import overflow_counts, overflow_message
-from backends.request import AnyEngineRequest, EngineRequest, NamedToolChoice
+from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, EngineRequest, NamedToolChoice
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
@@ -44,11 +44,17 @@ class LMDeployAdapter:
     engine: ClassVar[EngineName] = EngineName.LMDEPLOY
 
     def capabilities(self, plan: DeploymentPlan) -> EngineCapabilities:
-        """Tools need one of LMDeploy's tool-call parsers, chosen by the plan from the architecture."""
+        """Tools need one of LMDeploy's tool-call parsers, chosen by the plan from the architecture; images need
+        an architecture whose vision tower TurboMind runs (`plan.vision_encoder`, set by the placement)."""
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
         # Its /v1/completions answers `logprobs: null` whatever is asked (probed live, 0.18): refused there.
         return EngineCapabilities(
-            kinds=kinds, json_schema=True, tools=plan.tool_parser is not None, logprobs=True, completion_logprobs=False
+            kinds=kinds,
+            json_schema=True,
+            tools=plan.tool_parser is not None,
+            logprobs=True,
+            completion_logprobs=False,
+            vision=plan.vision_encoder is not None,
         )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:
@@ -92,6 +98,9 @@ class LMDeployAdapter:
         if not isinstance(request, EngineRequest):
             return request.wire()  # OpenAI's embeddings body (TurboMind serves none: refused by `capabilities`)
         out = {k: v for k, v in request.wire().items() if k not in _DROP}
+        if request.images:
+            out.pop("images")
+            out["messages"] = image_messages(out["messages"], request.images)
         if request.stream:
             # LMDeploy >= 0.7 understands stream_options; always ask for usage (the gateway strips it).
             out["stream_options"] = {"include_usage": True}
@@ -128,3 +137,27 @@ class LMDeployAdapter:
         if err.code is not None and err.code.isdigit():
             err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients
         return err
+
+
+def image_messages(messages: list[dict[str, Any]], images: tuple[EngineImage, ...]) -> list[dict[str, Any]]:
+    """The wire messages with each `IMAGE_MARKER` turned back into an OpenAI `image_url` part holding the image
+    as a data URI (LMDeploy's OpenAI server reads those for a vision model and runs its own preprocessing).
+
+    The images fill the markers in order; a message with markers becomes a list of `text` and `image_url`
+    parts (empty text between adjacent images left out), every other message is passed on as it is.
+    """
+    queue = iter(images)
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str) or IMAGE_MARKER not in content:
+            out.append(message)
+            continue
+        parts: list[dict[str, Any]] = []
+        for i, text in enumerate(content.split(IMAGE_MARKER)):
+            if i:
+                parts.append({"type": "image_url", "image_url": {"url": next(queue).data_uri()}})
+            if text:
+                parts.append({"type": "text", "text": text})
+        out.append(message | {"content": parts})
+    return out

@@ -18,6 +18,10 @@
 #                      needs left to start, default 90)
 #   swap               issue #15: bench/gpu/swap.py (TurboMind 7B + llama.cpp GGUF, held to a V100-32GB)
 #   embed              issue #13: bge-base-shaped random BERT GGUF, bench.gpu.embeddings_gpu (all layers on GPU)
+#   vlm                issue #25: a random-weight Qwen2-VL-2B shape (bench.gpu.make_vlm) on TurboMind via voltgate
+#                      serve, held to a V100-16GB's free memory: plan, bench.gpu.vlm_turbomind (images, batching,
+#                      memory estimated vs measured). SKIP_LLAMA=1 before `setup` leaves out the llama.cpp build.
+#   vlm25              the same with a random Qwen2.5-VL-3B shape (tm-vlm25-16gb.yaml)
 # Everything lands in /tmp/s3/results and is packed into $OUT/results_call$CALL.tar.gz at the end.
 set -uo pipefail
 OUT=${1:?usage: run_session3.sh OUT STEP...}; shift
@@ -33,7 +37,8 @@ pack() {
   cp "$G/prepare_gguf.log" "$R/" 2> /dev/null; cp "$G/gguf/convert.jsonl" "$R/" 2> /dev/null
   tar czf "$OUT/results_call$CALL.tar.gz" -C /tmp/s3 results
   cp "$R/run_session3.log" "$OUT/"
-  for f in "$R"/pvm/predict_vs_measure.md "$R"/features/features.jsonl; do [[ -f $f ]] && cp "$f" "$OUT/"; done
+  for f in "$R"/pvm/predict_vs_measure.md "$R"/features/features.jsonl "$R"/vlm/vlm.jsonl "$R"/vlm/plan_vlm-16gb.txt \
+           "$R"/vlm25/vlm25.jsonl "$R"/vlm25/plan_vlm25-16gb.txt; do [[ -f $f ]] && cp "$f" "$OUT/"; done
   ls -la "$OUT"
 }
 trap pack EXIT
@@ -74,7 +79,7 @@ step_setup() {
     bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$R/setup_lmdeploy.log" 2>&1 || { tail -30 "$R/setup_lmdeploy.log"; return 1; }
   fi
   tail -3 "$R/setup_lmdeploy.log"
-  if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
+  if [[ -z ${SKIP_LLAMA:-} && ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
     touch $G/llama_build.started
     setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" > /dev/null 2>&1 < /dev/null &
   fi
@@ -194,6 +199,33 @@ step_embed() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$D/gpu_mem_after.txt"
 }
 
+step_vlm() {  # $1 = results folder, $2 = make_vlm shape, $3 = config (its source: /tmp/gpu/models/<$1>)
+  env_on; end_leftover_on_port
+  local D=$R/$1 C=$3 M=$G/models/${4:-$1}; mkdir -p "$D"
+  if [[ ! -f $M/made ]]; then
+    python3 -m bench.gpu.make_vlm $M --shape $2 > "$D/make_vlm.log" 2>&1 && touch $M/made
+    tail -1 "$D/make_vlm.log"
+  fi
+  hold 16160
+  COLUMNS=160 python3 -m gateway plan --config $C --gpus auto > "$D/plan_$1-16gb.txt" 2>&1; cat "$D/plan_$1-16gb.txt"
+  python3 -m gateway plan --config $C --gpus auto --json > "$D/plan_$1-16gb.json" 2> "$D/plan_stderr.txt"
+  python3 -m gateway serve --config $C --gpus auto --port $PORT > "$D/gateway_$1-16gb.log" 2>&1 & local gw=$!
+  if wait_ready $gw 300; then
+    stamp "vlm: gateway ready"
+    curl -s http://127.0.0.1:$PORT/v1/models > "$D/v1_models.json"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee "$D/gpu_mem_ready.txt"
+    timeout -s TERM $(($(left) - 25)) python3 -m bench.gpu.vlm_turbomind --base-url http://127.0.0.1:$PORT \
+      --model vlm --out "$D/$1.jsonl" --hold-pid "$hold_pid" 2> "$D/vlm_stderr.txt"
+    echo "vlm_turbomind exit $?"; cat "$D/vlm_stderr.txt"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tee "$D/gpu_mem_after.txt"
+  else
+    stamp "vlm: gateway NOT READY"; tail -60 "$D/gateway_$1-16gb.log"
+  fi
+  kill -TERM $gw 2> /dev/null; wait $gw 2> /dev/null
+  grep -v '^\s*$' "$D/gateway_$1-16gb.log" | grep -v 'GET /v1/models\|POST /v1/chat\|voltgate.access' | tail -25
+  unhold
+}
+
 need() {  # $1 = step, $2 = seconds it needs
   if (($(left) < $2)); then stamp "SKIP $1: $(left) s left, needs $2"; return 1; fi
   stamp "step $1"
@@ -209,6 +241,8 @@ for s in "$@"; do
     pvm:*) need "$s" "${PVM_NEED:-90}" && step_pvm "${s#pvm:}" ;;
     swap) need swap 170 && step_swap ;;
     embed) need embed 50 && step_embed ;;
+    vlm) need vlm 150 && step_vlm vlm 2b bench/gpu/configs/tm-vlm-16gb.yaml vlm2b ;;
+    vlm25) need vlm25 170 && step_vlm vlm25 2.5-3b bench/gpu/configs/tm-vlm25-16gb.yaml ;;
     *) stamp "unknown step $s" ;;
   esac
 done

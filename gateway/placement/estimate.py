@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from backends.base import EngineName
 from gateway.placement.inspection import ModelShape, SourceInfo
 from gateway.placement.inventory import GIB, MIB
+from gateway.placement.vision import VisionTower, vision_activation_bytes
 
 MARGIN_BYTES = 1 * GIB
 """Left unused on every GPU: docs/hardware.md asks for at least 1 GiB."""
@@ -44,6 +45,9 @@ class MemoryEstimate(BaseModel):
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
     runtime_bytes: int = Field(default=0, description="TurboMind activations/workspace; llama.cpp compute buffers")
+    vision_encoder_bytes: int = Field(
+        default=0, description="TurboMind: the image encoder's weights and its activations for the largest image"
+    )
     cuda_context_bytes: int = 0
     margin_bytes: int = Field(default=0, description="kept free on the GPUs used (per GPU x GPUs)")
     gpu_bytes: dict[int, int] = Field(default_factory=dict)
@@ -57,6 +61,7 @@ class MemoryEstimate(BaseModel):
             "weights": self.weights_bytes,
             "kv_cache": self.kv_cache_bytes,
             "runtime": self.runtime_bytes,
+            "vision_encoder": self.vision_encoder_bytes,
             "cuda_context": self.cuda_context_bytes,
             "margin": self.margin_bytes,
         }
@@ -136,29 +141,39 @@ def fit_turbomind(
     cache_ratio: float | None = None,
     prefill_tokens: int | None = None,
     extra_kv: bool = False,
+    vision: bool = False,
 ) -> TurboMindFit | Shortfall:
     # long: the memory terms in the order they are spent, each named where it is computed.
     """Does TurboMind serve `concurrency` sessions of `session_len` on these GPUs (tp = their number), each
     showing `free_bytes` free when the worker starts? The KV cache gets sessions x 1.10 (or, with `extra_kv`,
     up to lmdeploy's 0.8 of what is free after the weights); `cache_max_entry_count` is that KV over the
-    memory TurboMind finds free after its weights, so start workers in plan order."""
+    memory TurboMind finds free after its weights, so start workers in plan order. With `vision`, the image
+    encoder's activations for the largest image (`vision_activation_bytes`) are kept outside the KV cache
+    beside the runtime (its weights are among the checkpoint's, loaded before the KV cache is sized)."""
     shape, tp = source.shape, len(gpu_indices)
     weights = math.ceil(source.weights_bytes / tp)
+    tower = source.vision if vision else None
+    encoder_act = vision_activation_bytes(tower, session_len) if tower else 0
     fixed = TM_FIXED_BYTES_TP1 if tp == 1 else TM_FIXED_BYTES_TP
     free_after = free_bytes - weights - fixed
     session_kv = turbomind_kv_target_bytes(shape, session_len, 1, tp, quant_policy)
     target = session_kv * concurrency
     prefill = prefill_tokens or TM_DEFAULT_PREFILL_TOKENS
     batch = max_batch_size or concurrency
-    runtime = turbomind_runtime_bytes(shape, session_len, batch, prefill, tp)
+
+    def runtime_for(batch: int) -> int:
+        return turbomind_runtime_bytes(shape, session_len, batch, prefill, tp) + encoder_act
+
+    runtime = runtime_for(batch)
     needed = weights + fixed + runtime + target + MARGIN_BYTES
     what = f"{concurrency} x {session_len}-token session{'s' if concurrency > 1 else ''}"
     if needed > free_bytes:
+        encoder = f" (vision encoder activations {gib(encoder_act)} included)" if tower else ""
         return Shortfall(
             needed,
             free_bytes,
-            f"needs {gib(needed)} per GPU (weights {gib(weights)} + cuda_context {gib(fixed)} + runtime {gib(runtime)} "
-            f"+ KV {gib(target)} for {what} + margin {gib(MARGIN_BYTES)}), has {gib(free_bytes)}",
+            f"needs {gib(needed)} per GPU (weights {gib(weights)} + cuda_context {gib(fixed)} + runtime {gib(runtime)}"
+            f"{encoder} + KV {gib(target)} for {what} + margin {gib(MARGIN_BYTES)}), has {gib(free_bytes)}",
         )
     if cache_ratio is not None:
         kv = math.floor(cache_ratio * free_after)
@@ -170,21 +185,21 @@ def fit_turbomind(
                 f"cache_max_entry_count {cache_ratio} gives KV {gib(kv)} (needs {gib(target)}) and leaves "
                 f"{gib(free_after - kv)} for runtime {gib(runtime)} + margin {gib(MARGIN_BYTES)}",
             )
-        terms = _Terms(weights, fixed, runtime, free_after, session_kv)
+        terms = _Terms(weights, fixed, runtime, free_after, session_kv, _encoder(tower, tp, encoder_act))
         return _tm_fit(gpu_indices, session_len, quant_policy, batch, cache_ratio, terms)
     ratio = _ratio(free_after, runtime, target, extra_kv)
     if max_batch_size is None:
         # More KV holds more full sessions: let the batch grow to them, re-fitting the runtime it needs.
         sessions = math.floor(ratio * free_after) // session_kv
         wanted = max(concurrency, min(TM_MAX_BATCH, sessions))
-        bigger = turbomind_runtime_bytes(shape, session_len, wanted, prefill, tp)
+        bigger = runtime_for(wanted)
         if free_after - bigger - MARGIN_BYTES >= target:
             regrown = _ratio(free_after, bigger, target, extra_kv)
             sessions = math.floor(regrown * free_after) // session_kv
             batch = max(concurrency, min(wanted, sessions))
-            runtime = turbomind_runtime_bytes(shape, session_len, batch, prefill, tp)
+            runtime = runtime_for(batch)
             ratio = _ratio(free_after, runtime, target, extra_kv)
-    terms = _Terms(weights, fixed, runtime, free_after, session_kv)
+    terms = _Terms(weights, fixed, runtime, free_after, session_kv, _encoder(tower, tp, encoder_act))
     return _tm_fit(gpu_indices, session_len, quant_policy, batch, ratio, terms)
 
 
@@ -200,19 +215,26 @@ def _ratio(free_after: int, runtime: int, target: int, extra_kv: bool) -> float:
 
 
 class _Terms(NamedTuple):
-    """Per-GPU bytes of one TurboMind fit."""
+    """Per-GPU bytes of one TurboMind fit (`encoder`: the parts of `weights` and `runtime` that are the image
+    encoder's, shown as their own term)."""
 
     weights: int
     fixed: int
     runtime: int
     free_after: int
     session_kv: int
+    encoder: tuple[int, int] = (0, 0)
+
+
+def _encoder(tower: VisionTower | None, tp: int, activations: int) -> tuple[int, int]:
+    """(weights, activations) of the image encoder per GPU, or (0, 0) without one."""
+    return (0, 0) if tower is None else (math.ceil(tower.weights_bytes / tp), activations)
 
 
 def _tm_fit(
     gpu_indices: tuple[int, ...], session_len: int, quant_policy: int, batch: int, ratio: float, terms: _Terms
 ) -> TurboMindFit:
-    weights, fixed, runtime, free_after, session_kv = terms
+    weights, fixed, runtime, free_after, session_kv, (encoder_weights, encoder_act) = terms
     tp = len(gpu_indices)
     kv = math.floor(ratio * free_after)
     sessions = kv // session_kv
@@ -225,9 +247,10 @@ def _tm_fit(
         sessions_in_cache=sessions,
         estimate=MemoryEstimate(
             engine=EngineName.LMDEPLOY,
-            weights_bytes=weights * tp,
+            weights_bytes=(weights - encoder_weights) * tp,
             kv_cache_bytes=kv * tp,
-            runtime_bytes=runtime * tp,
+            runtime_bytes=(runtime - encoder_act) * tp,
+            vision_encoder_bytes=(encoder_weights + encoder_act) * tp,
             cuda_context_bytes=fixed * tp,
             margin_bytes=MARGIN_BYTES * tp,
             gpu_bytes=dict.fromkeys(gpu_indices, per_gpu),

@@ -14,9 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import ModelFormat
 from gateway.config import ConfigError, GGUFSource, HFSource, ModelSource, RemoteSource
+from gateway.placement.vision import VisionTower, vision_tower
 
 _HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 _HF_EMBEDDING = re.compile(r"(?:embed_tokens|wte|word_embeddings)\.weight$")
+_HF_VISION = re.compile(r"^(?:model\.)?(?:visual|vision_model|vision_tower|mlp1|multi_modal_projector)\.")
+"""A vision-language checkpoint's image encoder and projector: Qwen2-VL's `visual.*` (`model.visual.*` in
+transformers 5's layout), InternVL's `vision_model.*` + `mlp1.*`, transformers' `vision_tower.*` +
+`multi_modal_projector.*`."""
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
 _GGUF_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
 _FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
@@ -86,6 +91,7 @@ class SourceInfo(_Frozen):
     torch_dtype: str | None = Field(default=None, description="HF checkpoint dtype (bfloat16, float16, ...)")
     quant: str | None = Field(default=None, description="GGUF file type label (Q4_K_M) or awq/gptq")
     quant_config: QuantConfig | None = None
+    vision: VisionTower | None = Field(default=None, description="the image encoder of a vision-language model")
     warnings: tuple[str, ...] = ()
 
     @property
@@ -129,7 +135,7 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
         raise InspectionError(f"{path}/config.json: unreadable: {exc}") from None
     if not isinstance(config, dict):
         raise InspectionError(f"{path}/config.json: expected a JSON object")
-    nested = config.get("text_config")
+    nested = config.get("text_config") or config.get("llm_config")  # InternVL's original layout: llm_config
     text: dict[str, Any] = nested if isinstance(nested, dict) else config
     shape = _hf_shape(config, text, path)
     warnings: list[str] = []
@@ -143,7 +149,7 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
         raise InspectionError(f"{path}: declared {declared} but config.json has no {declared} quantization_config")
 
     layers = [0] * shape.n_layers
-    embedding = other = n_params = weights = file_bytes = 0
+    embedding = other = n_params = weights = file_bytes = vision = 0
     for shard in _safetensors_files(path):
         file_bytes += shard.stat().st_size
         for name, dtype, shape_ in _safetensors_header(shard):
@@ -160,7 +166,9 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
             # packed int32 AWQ/GPTQ tensors hold 32/bits weights per element
             n_params += numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
             match = _HF_LAYER.search(name)
-            if match and int(match.group(1)) < shape.n_layers:
+            if _HF_VISION.match(name):
+                vision += nbytes  # its `blocks.N` are the encoder's, not the text model's
+            elif match and int(match.group(1)) < shape.n_layers:
                 layers[int(match.group(1))] += nbytes
             elif _HF_EMBEDDING.search(name):
                 embedding += nbytes
@@ -180,6 +188,7 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
         torch_dtype=torch_dtype,
         quant=fmt if fmt in ("awq", "gptq") else None,
         quant_config=quant_config,
+        vision=vision_tower(config, path, vision) if isinstance(config.get("vision_config"), dict) else None,
         warnings=tuple(warnings),
     )
 

@@ -23,6 +23,7 @@ from gateway.placement.estimate import (
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
 from gateway.placement.tool_parsers import tool_parser_for
+from gateway.placement.vision import TURBOMIND_VISION, vision_activation_bytes
 
 TM_FP16 = "turbomind-fp16"
 TM_TP = "turbomind-fp16-tp"
@@ -47,6 +48,7 @@ TURBOMIND_ARCHITECTURES = frozenset(
         "BaichuanForCausalLM",
         "BaiChuanForCausalLM",
         "DeepseekV2ForCausalLM",
+        *TURBOMIND_VISION,  # vision-language models whose image encoder TurboMind runs (gateway/placement/vision.py)
     }
 )
 HOST_MEMORY_FRACTION = 0.9
@@ -216,7 +218,27 @@ def _fit_tm(
         cache_ratio=spec.lmdeploy.cache_max_entry_count,
         prefill_tokens=spec.lmdeploy.max_prefill_token_num,
         extra_kv=extra_kv,
+        vision=vision_encoder(source) is not None,
     )
+
+
+def vision_encoder(source: SourceInfo) -> str | None:
+    """The image encoder TurboMind runs for this checkpoint (its name), or None: a text-only deployment."""
+    return TURBOMIND_VISION.get(source.shape.architecture) if source.vision is not None else None
+
+
+def _vision_note(source: SourceInfo, fit: TurboMindFit) -> list[str]:
+    """What the plan counts for the image encoder, in words (none for a text-only model)."""
+    tower, name = source.vision, vision_encoder(source)
+    if tower is None or name is None:
+        return []
+    activations = vision_activation_bytes(tower, fit.session_len)
+    patches = min(tower.max_patches, tower.merge * fit.session_len)
+    return [
+        f"vision encoder ({name}, {tower.describe()}) counted on the GPU: weights {gib(tower.weights_bytes)} + "
+        f"activations {gib(activations)} for the largest image ({patches} patches, {patches // tower.merge} "
+        "tokens), kept outside the KV cache; images are served (vision: true)"
+    ]
 
 
 def _tm_placed(
@@ -249,9 +271,11 @@ def _tm_placed(
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
         tool_parser=spec.lmdeploy.tool_parser or tool_parser_for(source),
+        vision_encoder=vision_encoder(source),
     )
     notes = [
         *notes,
+        *_vision_note(source, fit),
         f"KV cache {gib(fit.estimate.kv_cache_bytes)} holds {fit.sessions_in_cache} full {session}-token "
         f"session(s); max_batch_size {fit.max_batch_size}; cache_max_entry_count {fit.cache_max_entry_count} "
         "of the memory free after the weights",
@@ -261,7 +285,9 @@ def _tm_placed(
         more = _fit_tm(work, source, budgets, gpus, session, fit.quant_policy, sessions, extra_kv=True)
         if not isinstance(more, TurboMindFit) or more.estimate.kv_cache_bytes <= fit.estimate.kv_cache_bytes:
             return None
-        return _tm_placed(work, rung, source, gpus, more, notes[:-1], tp, session, sessions)
+        return _tm_placed(
+            work, rung, source, gpus, more, notes[: -1 - len(_vision_note(source, fit))], tp, session, sessions
+        )
 
     capacity = min(fit.max_batch_size, max(fit.sessions_in_cache, sessions))
     return Placed(rung, plan, fit.estimate, source, tuple(notes), tuple(warnings), regrow=regrow, capacity=capacity)

@@ -15,6 +15,8 @@ LLAMA3_VOCAB = 128_256
 
 _BY_ARCHITECTURE = {
     "Qwen2ForCausalLM": "qwen",
+    "Qwen2VLForConditionalGeneration": "qwen",
+    "Qwen2_5_VLForConditionalGeneration": "qwen",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
     "InternLM2ForCausalLM": "internlm",
