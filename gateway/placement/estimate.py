@@ -46,7 +46,9 @@ class MemoryEstimate(BaseModel):
     kv_cache_bytes: int = 0
     runtime_bytes: int = Field(default=0, description="TurboMind activations/workspace; llama.cpp compute buffers")
     vision_encoder_bytes: int = Field(
-        default=0, description="TurboMind: the image encoder's weights and its activations for the largest image"
+        default=0,
+        description="TurboMind: the image encoder's weights and its activations for the largest image; llama.cpp: "
+        "the multimodal projector's weights (its GGUF's size)",
     )
     cuda_context_bytes: int = 0
     margin_bytes: int = Field(default=0, description="kept free on the GPUs used (per GPU x GPUs)")
@@ -283,13 +285,15 @@ def fit_llamacpp(
     n_batch: int,
     n_offload: int,
     kv_element_bytes: float = 2.0,
+    projector_bytes: int = 0,
 ) -> LlamaCppFit | Shortfall:
     # long: the memory terms in the order they are spent, each named where it is computed.
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
     llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);
-    0 is the CPU. `kv_element_bytes` is the KV cache type's (LLAMACPP_KV_ELEMENT_BYTES). Host memory is not
-    checked here."""
+    0 is the CPU. `kv_element_bytes` is the KV cache type's (LLAMACPP_KV_ELEMENT_BYTES). `projector_bytes`: an
+    image model's projector, which the worker loads on the first GPU when any layer is offloaded, else on the
+    CPU. Host memory is not checked here."""
     shape = source.shape
     n_layers = shape.n_layers
     full = n_offload > n_layers
@@ -306,10 +310,11 @@ def fit_llamacpp(
         overhead = LLAMACPP_CUDA_CONTEXT_BYTES + compute
         order = sorted(budgets)
         caps = [budgets[i] - overhead - (output if i == order[-1] else 0) for i in order]
+        caps[0] -= projector_bytes
         split = _split_layers(offloaded, caps)
         if split is None:
             have = sum(budgets.values())
-            want = sum(offloaded) + len(order) * overhead + output
+            want = sum(offloaded) + len(order) * overhead + output + projector_bytes
             on = "GPU " + ", ".join(map(str, order))
             return Shortfall(
                 max(want, have + 1),
@@ -324,9 +329,12 @@ def fit_llamacpp(
                 tail = output if index == order[-1] else 0
                 per_gpu[index] = sum(offloaded[start : start + count]) + overhead + tail
             start += count
+        if projector_bytes:  # on the first GPU (with its context and buffers, should no layer land there)
+            per_gpu[order[0]] = per_gpu.get(order[0], overhead) + projector_bytes
     n_gpus = len(per_gpu)
     host_compute = 0 if full else compute  # the CPU runs whatever is not offloaded
     host_weights = sum(source.layer_bytes[:first]) + source.embedding_bytes + (0 if full else source.output_bytes)
+    host_projector = 0 if offloaded else projector_bytes
     return LlamaCppFit(
         n_gpu_layers=-1 if full else n_offload,
         layers_per_gpu=counts,
@@ -335,10 +343,11 @@ def fit_llamacpp(
             weights_bytes=sum(source.layer_bytes[first:]) + output + host_weights,
             kv_cache_bytes=sum(kv_layer),
             runtime_bytes=compute * n_gpus + host_compute,
+            vision_encoder_bytes=projector_bytes,
             cuda_context_bytes=LLAMACPP_CUDA_CONTEXT_BYTES * n_gpus,
             margin_bytes=MARGIN_BYTES * n_gpus,
             gpu_bytes=per_gpu,
-            host_bytes=host_weights + sum(kv_layer[:first]) + host_compute,
+            host_bytes=host_weights + sum(kv_layer[:first]) + host_compute + host_projector,
         ),
     )
 

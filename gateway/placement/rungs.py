@@ -323,8 +323,18 @@ def _layers_note(source: SourceInfo, fit: LlamaCppFit) -> str:
     where = ", ".join(f"GPU {i}: {n}" for i, n in sorted(fit.layers_per_gpu.items()))
     total = source.shape.n_layers
     if fit.n_gpu_layers == -1:
-        return f"all {total} layers and the output head on the GPU ({where})"
-    return f"{fit.n_gpu_layers} of {total} layers on the GPU ({where}); the rest run on the CPU"
+        return f"all {total} layers and the output head on the GPU ({where})" + _projector_note(fit, on_gpu=True)
+    note = f"{fit.n_gpu_layers} of {total} layers on the GPU ({where}); the rest run on the CPU"
+    return note + _projector_note(fit, on_gpu=True)
+
+
+def _projector_note(fit: LlamaCppFit, *, on_gpu: bool) -> str:
+    """The image projector's share, where the worker loads it (its compute buffer per image is not counted)."""
+    size = fit.estimate.vision_encoder_bytes
+    if not size:
+        return ""
+    where = f"GPU {min(fit.layers_per_gpu or fit.estimate.gpu_bytes)}" if on_gpu else "host memory"
+    return f"; the image projector's weights ({gib(size)}) in {where}"
 
 
 def try_llamacpp_gpu(
@@ -414,7 +424,10 @@ def try_llamacpp_cpu(work: ModelWork, context: int, slots: int) -> Placed | list
             _llamacpp_plan(work, source, fit, context, slots),
             fit.estimate,
             source,
-            (f"{gib(fit.estimate.host_bytes)} of host memory (weights are memory-mapped)",),
+            (
+                f"{gib(fit.estimate.host_bytes)} of host memory (weights are memory-mapped)"
+                + _projector_note(fit, on_gpu=False),
+            ),
             capacity=slots,
         )
         miss = _host_check(work, placed)
@@ -450,4 +463,14 @@ def _fit_lc(
         n_batch=work.spec.llamacpp.n_batch,
         n_offload=n_offload,
         kv_element_bytes=LLAMACPP_KV_ELEMENT_BYTES[kv],
+        projector_bytes=_projector_bytes(work, source),
     )
+
+
+def _projector_bytes(work: ModelWork, source: SourceInfo) -> int:
+    """The size of the model's multimodal projector GGUF (0: text only, or the file cannot be read)."""
+    path = mmproj_path(work.spec.mmproj, source.path, work.base_dir)
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
