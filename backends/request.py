@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -284,10 +285,19 @@ class EngineRequest(_Frozen):
     def wire(self) -> dict[str, Any]:
         """The JSON body sent to a worker: OpenAI names; top-level fields at their default left out."""
         body = self.model_dump(mode="json", exclude_none=True, by_alias=True)
-        for name, field in type(self).model_fields.items():
-            if name in body and name != "model" and getattr(self, name) == field.get_default(call_default_factory=True):
+        defaults = _top_level_defaults(type(self))
+        for name in [name for name in body if name in defaults]:
+            if getattr(self, name) == defaults[name]:
                 del body[name]
         return body
+
+
+@functools.cache
+def _top_level_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's default but `model`'s, made once per class (compared with, never handed out): a worker's
+    body is built on the way to the first token."""
+    fields = model.model_fields.items()
+    return {name: field.get_default(call_default_factory=True) for name, field in fields if name != "model"}
 
 
 # -- embeddings and reranking (the embedding worker: backends/llamacpp/worker/embed_server.py) --------------------

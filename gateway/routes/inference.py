@@ -15,11 +15,12 @@ from gateway.ops.auth import ANONYMOUS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_request
 from gateway.protocol.rerank import RerankRequest, parse_rerank_request
 from gateway.routes.context import AppContext, app_context
+from gateway.routes.direct import DirectRoute
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import RequestContext, StreamSession, UnaryResult
 from gateway.serving.session import CONTEXT_KEY
 
-router = APIRouter()
+router = APIRouter(route_class=DirectRoute)  # handlers take the Request alone: no dependency solving
 
 
 def body_schema(model: type[Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, model_hint, render
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession, UnaryResult
@@ -31,7 +32,7 @@ from gateway.translate import MessagesStream, messages, new_id, parse_body
 from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import MESSAGES, renamed, translated_request
 
-router = APIRouter()
+router = APIRouter(route_class=DirectRoute)
 
 R = TypeVar("R", MessagesRequest, CountTokensRequest)
 

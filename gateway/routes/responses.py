@@ -27,6 +27,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.ops.store import NotFound, ResponseStore
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.routes.context import AppContext, app_context
+from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, body_schema, model_hint, render
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession
@@ -35,7 +36,7 @@ from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import RESPONSES, chat_request, renamed
 
 log = logging.getLogger("voltgate")
-router = APIRouter()
+router = APIRouter(route_class=DirectRoute)
 
 API = "responses"  # the endpoint label of these requests in metrics and the access log
 DROPPED_TOOLS_HEADER = "x-voltgate-dropped-tools"  # the hosted tools a turn was served without (comma-separated)

@@ -59,9 +59,22 @@ class Upstream:
         self.deployment = deployment
         self._client = client
         self._timeout = timeout
+        self._urls: dict[str, httpx.URL] = {}  # by the worker's base URL + path: parsed once, not per request
+
+    def _url(self, request: AnyEngineRequest) -> httpx.URL:
+        """The worker's URL for `request`'s kind, parsed once: httpx would parse a URL string on every request,
+        on the path to the first token. Kept by the base URL the worker has now (a restarted worker may listen
+        elsewhere: a new entry; the stale ones are dropped once there are more than the paths)."""
+        text = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
+        url = self._urls.get(text)
+        if url is None:
+            if len(self._urls) >= len(ENGINE_PATHS):
+                self._urls.clear()
+            url = self._urls[text] = httpx.URL(text)
+        return url
 
     def _request(self, request: AnyEngineRequest) -> httpx.Request:
-        url = self.deployment.worker.base_url() + ENGINE_PATHS[request.kind]
+        url = self._url(request)
         body = self.deployment.adapter.translate_request(request)
         worker = self.deployment.worker  # its headers: a cluster worker's launch secret; none locally
         call = self._client.build_request("POST", url, json=body, timeout=self._timeout, headers=worker.headers)
