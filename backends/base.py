@@ -40,6 +40,12 @@ class LlamaCppOptions(_Frozen):
         description="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later "
         "prompt shares more with it (llama-server's --cache-ram); 0 = off; default: the worker's (2048)",
     )
+    cache_type: Literal["bf16", "f16"] | None = Field(
+        default=None,
+        description="the 16-bit KV cache type (worker --cache-type); default: the worker's (bf16 on the CPU, so "
+        "a request's text is the same alone or batched; f16 on a GPU). f16 on a CPU without AVX512-BF16 "
+        "prefills long prompts several times faster, at the cost of that bit-equality; a q8_0 plan stays q8_0",
+    )
 
 
 class LMDeployOptions(_Frozen):

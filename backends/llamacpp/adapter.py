@@ -64,6 +64,8 @@ class LlamaCppAdapter:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)
             argv += ["--cache-type", plan.kv_cache_type]
+        elif opts.cache_type is not None:  # a 16-bit type pinned in the config
+            argv += ["--cache-type", opts.cache_type]
         if plan.mmproj is not None and plan.task == "generate":
             argv += ["--mmproj", str(plan.mmproj)]
         if plan.task != "generate":

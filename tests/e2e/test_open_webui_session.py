@@ -16,7 +16,15 @@ import pytest
 
 from tests.clients.fixtures import load
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import (
+    LONG_PROMPT_KV,
+    MODEL,
+    Gateway,
+    model_entry,
+    start_gateway,
+    stop_gateway,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # two ~4.7k-token prefills on a CPU
 
@@ -32,7 +40,7 @@ def gateway(
     saves to host memory and restores for the next message (`llamacpp.prompt_cache_mib`)."""
     tmp = tmp_path_factory.mktemp("open-webui")
     entry = model_entry(smollm2_path, context=CONTEXT, concurrency=request.param, default_max_tokens=48)
-    entry["llamacpp"] = {"n_threads": 1, "max_queue": 64, "prompt_cache_mib": 1024}
+    entry["llamacpp"] = {"n_threads": 1, "max_queue": 64, "prompt_cache_mib": 1024, "cache_type": LONG_PROMPT_KV}
     gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log")
     try:
         gw.wait_ready()

@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import (
+    LONG_PROMPT_KV,
+    MODEL,
+    Gateway,
+    model_entry,
+    start_gateway,
+    stop_gateway,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -75,7 +83,12 @@ def clients() -> Path:
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("real-agents")
     entry = model_entry(
-        smollm2_path, context=CONTEXT, concurrency=1, aliases=["smollm2", *CLAUDE_NAMES], sampling=SAMPLING
+        smollm2_path,
+        context=CONTEXT,
+        concurrency=1,
+        aliases=["smollm2", *CLAUDE_NAMES],
+        sampling=SAMPLING,
+        llamacpp={"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV},
     )
     server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
               "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip

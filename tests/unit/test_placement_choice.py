@@ -57,6 +57,20 @@ def test_issue_16_keeps_every_layer_on_the_gpu_with_kv_q8_0(zoo: Path) -> None:
     assert argv[argv.index("--cache-type") + 1] == "q8_0" and "--no-flash-attn" not in argv
 
 
+def test_a_pinned_16_bit_kv_type_reaches_the_worker_and_a_q8_0_plan_keeps_q8_0(zoo: Path) -> None:
+    cpu = decide(zoo, "none", sources=[gguf("llama2-7b.Q4_K_M.gguf")], concurrency=1)
+    assert cpu.plan is not None and cpu.plan.kv_cache_type == "f16"
+    assert "--cache-type" not in LlamaCppAdapter().launch_spec(cpu.plan, 9000).argv  # the worker's auto: bf16
+    pinned = decide(zoo, "none", sources=[gguf("llama2-7b.Q4_K_M.gguf")], concurrency=1, llamacpp={"cache_type": "f16"})
+    assert pinned.plan is not None
+    argv = LlamaCppAdapter().launch_spec(pinned.plan, 9000).argv
+    assert argv[argv.index("--cache-type") + 1] == "f16"
+    q8 = decide(zoo, "v100-16gb", sources=LLAMA_7B_ALL, concurrency=8, llamacpp={"cache_type": "bf16"})
+    assert q8.plan is not None and q8.plan.kv_cache_type == "q8_0"
+    argv = LlamaCppAdapter().launch_spec(q8.plan, 9000).argv
+    assert argv[argv.index("--cache-type") + 1] == "q8_0"
+
+
 def test_without_flash_attention_fewer_sessions_keep_every_layer_on_the_gpu(zoo: Path) -> None:
     """With flash attention off there is no q8_0 KV and 8 full f16 sessions fit with no GGUF: the planner
     serves fewer sessions with every layer on the GPU (the rest queue) rather than offload layers."""
