@@ -88,7 +88,7 @@ format: $(VENV)/.installed-test
 
 # The real Open WebUI for tests/e2e/test_open_webui_real.py (marker `openwebui`; skipped while this venv is
 # missing, so `make test` stays as fast as before): its own Python 3.11 venv outside the repo, CPU torch first
-# (from PyTorch's CPU index, else PyPI) so its sentence-transformers does not pull CUDA. About 2 GB; several
+# (from PyTorch's CPU index, else PyPI) so its sentence-transformers does not pull CUDA. About 2.9 GB; ~12
 # minutes the first time, seconds from pip's cache.
 OPENWEBUI_VENV ?= $(HOME)/.cache/voltgate/openwebui-0.12.4
 OPENWEBUI_PYTHON ?= python3.11
