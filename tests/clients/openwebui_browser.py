@@ -29,7 +29,7 @@ import httpx
 import socketio  # type: ignore[import-not-found]
 
 TIMEOUT_S = 240.0
-TASKS_TIMEOUT_S = 90.0
+TASKS_TIMEOUT_S = 30.0  # the test itself waits for the task requests in the proxy log
 FEATURES = {"voice": False, "image_generation": False, "code_interpreter": False, "web_search": False}
 
 
