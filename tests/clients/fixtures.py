@@ -55,6 +55,7 @@ def build(recording: Path, client: str) -> dict[str, Any]:
                 "headers": {k: v for k, v in exchange["headers"].items() if k in _HEADERS},
                 "body": trim(_metadata(exchange["body"])),
                 "reply": "scripted" if exchange.get("scripted") else "gateway",
+                **({"status": exchange["status"]} if "status" in exchange else {}),
             }
         )
     return {"client": client, "exchanges": exchanges}
