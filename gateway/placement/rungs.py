@@ -99,6 +99,19 @@ class ModelWork:
     """How to choose among its fits: objective, speed metric, useful-speed floor (`Config.placement_for`)."""
     base_dir: Path = Path(".")
     """The config's folder: where a relative `mmproj` path starts."""
+    _projectors: dict[Path, tuple[Path | None, int]] = field(default_factory=dict, init=False, repr=False)
+
+    def projector(self, source: SourceInfo) -> tuple[Path | None, int]:
+        """The source's multimodal projector GGUF and its size (None, 0: text only, or the file cannot be
+        read); resolved once per source (a directory glob), not on every step of the offload search."""
+        if source.path not in self._projectors:
+            path = mmproj_path(self.spec.mmproj, source.path, self.base_dir)
+            try:
+                size = path.stat().st_size if path is not None else 0
+            except OSError:
+                size = 0
+            self._projectors[source.path] = (path, size)
+        return self._projectors[source.path]
 
 
 # --- TurboMind -------------------------------------------------------------------------------------------
@@ -315,7 +328,7 @@ def _llamacpp_plan(
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
         kv_cache_type="q8_0" if kv == "q8_0" else "f16",
-        mmproj=mmproj_path(spec.mmproj, source.path, work.base_dir),
+        mmproj=work.projector(source)[0],
     )
 
 
@@ -463,14 +476,5 @@ def _fit_lc(
         n_batch=work.spec.llamacpp.n_batch,
         n_offload=n_offload,
         kv_element_bytes=LLAMACPP_KV_ELEMENT_BYTES[kv],
-        projector_bytes=_projector_bytes(work, source),
+        projector_bytes=work.projector(source)[1],
     )
-
-
-def _projector_bytes(work: ModelWork, source: SourceInfo) -> int:
-    """The size of the model's multimodal projector GGUF (0: text only, or the file cannot be read)."""
-    path = mmproj_path(work.spec.mmproj, source.path, work.base_dir)
-    try:
-        return path.stat().st_size if path is not None else 0
-    except OSError:
-        return 0

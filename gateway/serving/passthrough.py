@@ -15,9 +15,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from gateway.errors import ErrorCode, GatewayError, internal_error, sse_error_frame
-from gateway.serving.relay import _END_GRACE_S, DONE_FRAME, ClientLine, StreamStats, _frames_end, _relay_run
-from gateway.serving.upstream import transport_error
+from gateway.errors import sse_error_frame
+from gateway.serving.relay import (
+    _END_GRACE_S,
+    DONE_FRAME,
+    ClientLine,
+    StreamStats,
+    _frames_end,
+    _relay_run,
+    ended_early,
+    stream_errors,
+)
 
 
 class _Quiet:
@@ -76,51 +84,44 @@ async def relay_direct(
     quiet = _Quiet(line, keepalive_s)
     buffer = b""
     try:
-        while True:
-            quiet.since = time.monotonic()
-            try:
-                chunk = await anext(reads)
-            except StopAsyncIteration:
-                break
-            quiet.since = None
-            if line.held:
-                yield line.held
-                line.held = b""
-            if not buffer and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b"\n\n\n" not in chunk:
-                run = chunk  # the common case: a read of whole frames
-            else:
-                buffer += chunk.replace(b"\r\n", b"\n")
-                end = _frames_end(buffer)
-                if not end:
-                    continue
-                run, buffer = buffer[:end], buffer[end:]
-            out, done = _relay_run(run, stats, include_usage)
-            if out:
-                yield out
-            if done:
-                stats.completed = True
-                await _drain(reads)
-                await on_done()
-                yield DONE_FRAME
-                return
-        if buffer.strip():
-            out, done = _relay_run(buffer + b"\n\n", stats, include_usage)
-            if out:
-                yield out
-            if done:
-                stats.completed = True
-                await on_done()
-                yield DONE_FRAME
-                return
-        stats.error = GatewayError(
-            ErrorCode.WORKER_UNAVAILABLE,
-            f"model {model!r}: the worker ended the stream early (it may have crashed)",
-        )
-    except (httpx.HTTPError, OSError) as exc:
-        stats.error = transport_error(exc, model)
-    except Exception:
-        stats.error = internal_error()
-        raise
+        with stream_errors(stats, model):
+            while True:
+                quiet.since = time.monotonic()
+                try:
+                    chunk = await anext(reads)
+                except StopAsyncIteration:
+                    break
+                quiet.since = None
+                if line.held:
+                    yield line.held
+                    line.held = b""
+                if not buffer and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b"\n\n\n" not in chunk:
+                    run = chunk  # the common case: a read of whole frames
+                else:
+                    buffer += chunk.replace(b"\r\n", b"\n")
+                    end = _frames_end(buffer)
+                    if not end:
+                        continue
+                    run, buffer = buffer[:end], buffer[end:]
+                out, done = _relay_run(run, stats, include_usage)
+                if out:
+                    yield out
+                if done:
+                    stats.completed = True
+                    await _drain(reads)
+                    await on_done()
+                    yield DONE_FRAME
+                    return
+            if buffer.strip():
+                out, done = _relay_run(buffer + b"\n\n", stats, include_usage)
+                if out:
+                    yield out
+                if done:
+                    stats.completed = True
+                    await on_done()
+                    yield DONE_FRAME
+                    return
+            stats.error = ended_early(model)
     finally:
         quiet.cancel()
         if stats.error is None or stats.completed:

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,6 +359,26 @@ class _ReadAhead:
                 await asyncio.shield(self._task)
 
 
+def ended_early(model: str) -> GatewayError:
+    """A stream whose upstream body ended without `[DONE]`."""
+    return GatewayError(
+        ErrorCode.WORKER_UNAVAILABLE, f"model {model!r}: the worker ended the stream early (it may have crashed)"
+    )
+
+
+@contextlib.contextmanager
+def stream_errors(stats: StreamStats, model: str) -> Iterator[None]:
+    """Around a relay's loop (both relays): a broken upstream connection becomes `stats.error`, a bug becomes
+    an internal error on the client's stream and is raised on; whatever the caller does at the end follows."""
+    try:
+        yield
+    except (httpx.HTTPError, OSError) as exc:
+        stats.error = transport_error(exc, model)
+    except Exception:
+        stats.error = internal_error()
+        raise
+
+
 async def relay_stream(
     frames: AsyncIterator[bytes],
     stats: StreamStats,
@@ -376,33 +396,26 @@ async def relay_stream(
     """
     reader = _ReadAhead(frames, keepalive_s)
     try:
-        while True:
-            runs = await reader.get()
-            if runs is None:
-                yield KEEPALIVE_FRAME
-                continue
-            if not runs:
-                break
-            for run in runs:
-                out, done = _relay_run(run, stats, include_usage)
-                if out:
-                    yield out
-                if done:
-                    stats.completed = True
-                    await reader.finish()  # before `[DONE]`: the caller closes the upstream response on it
-                    yield DONE_FRAME
-                    return
-        if reader.failure is not None:
-            raise reader.failure
-        stats.error = GatewayError(
-            ErrorCode.WORKER_UNAVAILABLE,
-            f"model {model!r}: the worker ended the stream early (it may have crashed)",
-        )
-    except (httpx.HTTPError, OSError) as exc:
-        stats.error = transport_error(exc, model)
-    except Exception:
-        stats.error = internal_error()
-        raise
+        with stream_errors(stats, model):
+            while True:
+                runs = await reader.get()
+                if runs is None:
+                    yield KEEPALIVE_FRAME
+                    continue
+                if not runs:
+                    break
+                for run in runs:
+                    out, done = _relay_run(run, stats, include_usage)
+                    if out:
+                        yield out
+                    if done:
+                        stats.completed = True
+                        await reader.finish()  # before `[DONE]`: the caller closes the upstream response on it
+                        yield DONE_FRAME
+                        return
+            if reader.failure is not None:
+                raise reader.failure
+            stats.error = ended_early(model)
     finally:
         await reader.close()
     if stats.error is not None:
