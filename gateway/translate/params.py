@@ -88,12 +88,15 @@ T = TypeVar("T")
 
 
 def translated(names: ParamNames, build: Callable[[], C]) -> C:
-    """The chat request `build` constructs from typed fields (the constructors validate: bounds, limits, a
-    named tool that must be offered), then refused for its first `unsupported()` feature; a refusal names
-    the client's parameter. Checks that name the client's own paths (`messages.1.content.0.id`) run
-    before, outside this renaming."""
+    """The chat request `build` constructs from typed fields (the constructors validate: bounds, limits),
+    then refused for its first `unsupported()` feature; a refusal names the client's parameter. Checks that
+    name the client's own paths (`messages.1.content.0.id`) run before, outside this renaming."""
     try:
-        return supported(build())
+        chat = build()
+        # The chat request keeps unknown top-level fields aside (to refuse them by name); a translation sets
+        # none, so a misspelt field name is a bug here, never a parameter silently dropped.
+        assert not chat.model_extra, f"a translation set unknown chat fields: {sorted(chat.model_extra or {})}"
+        return supported(chat)
     except ValidationError as exc:
         raise renamed(validation_error(exc), names) from None
     except GatewayError as exc:

@@ -25,6 +25,7 @@ from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import messages, responses
+from gateway.translate.params import MESSAGES, translated
 
 WEATHER = {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -179,3 +180,10 @@ def test_a_named_responses_tool_choice_must_name_an_offered_function() -> None:
     with pytest.raises(GatewayError) as caught:
         openai(tools=[FUNCTION], tool_choice={"type": "function", "name": "get_time"})
     assert caught.value.param == "tool_choice" and "get_time" in caught.value.message
+
+
+def test_a_misspelt_chat_field_in_a_translation_is_a_bug_not_a_dropped_parameter() -> None:
+    """The chat request keeps unknown fields aside to refuse them by name; a translation must set none."""
+    with pytest.raises(AssertionError, match="top_kk"):
+        translated(MESSAGES, lambda: ChatCompletionRequest(model="m", messages=[UserMessage(role="user", content="hi")],
+                                                            top_kk=3))  # fmt: skip
