@@ -189,9 +189,9 @@ def _tool_choice(choice: AnthropicToolChoice | None) -> ToolChoice | None:
 
 
 class MessagesChatRequest(ChatCompletionRequest):
-    """The chat request a Messages request becomes (`to_chat`). Streamed, it asks
-    the engine to put the prompt's usage in its first chunk (`stream_options.include_prompt_usage`), so
-    that message_start reports `input_tokens` and `cache_read_input_tokens` as Anthropic's does."""
+    """The chat request a Messages request becomes (`to_chat`). Streamed, it asks the engine to put the
+    prompt's usage in its first chunk (`stream_options.include_prompt_usage`), so that message_start reports
+    `input_tokens` and `cache_read_input_tokens` as Anthropic's does."""
 
     def to_engine(self, target: EngineTarget) -> EngineRequest:
         return super().to_engine(target).asking_prompt_usage()
