@@ -284,11 +284,16 @@ def run_r(body, history):
     return chat_request(responses.to_chat(req, history), RESPONSES)
 
 
-out = {}
-for i, b in enumerate(MCASES):
-    out[f"m{i}"] = outcome(run_m, b, MessagesRequest)
-for i, b in enumerate(CCASES):
-    out[f"c{i}"] = outcome(run_m, b, CountTokensRequest)
-for i, (b, h) in enumerate(RCASES):
-    out[f"r{i}"] = outcome(run_r, b, h)
-json.dump(out, sys.stdout, indent=1, sort_keys=True)
+def main() -> None:
+    out = {}
+    for i, b in enumerate(MCASES):
+        out[f"m{i}"] = outcome(run_m, b, MessagesRequest)
+    for i, b in enumerate(CCASES):
+        out[f"c{i}"] = outcome(run_m, b, CountTokensRequest)
+    for i, (b, h) in enumerate(RCASES):
+        out[f"r{i}"] = outcome(run_r, b, h)
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()
