@@ -54,10 +54,11 @@ def param_path(loc: tuple[int | str, ...], *, dotted: bool = False) -> str | Non
     return out or None
 
 
-def validation_error(exc: ValidationError, *, dotted: bool = False) -> GatewayError:
-    """The most specific of pydantic's errors (the deepest location) as a 400 naming the parameter."""
+def validation_error(exc: ValidationError, *, dotted: bool = False, at: tuple[int | str, ...] = ()) -> GatewayError:
+    """The most specific of pydantic's errors (the deepest location) as a 400 naming the parameter; `at` is
+    where the model that failed sits in the request (a part built on its own, e.g. `("tools", 0, "function")`)."""
     first = max(exc.errors(), key=lambda e: len(e["loc"]))
-    param = param_path(tuple(first["loc"]), dotted=dotted)
+    param = param_path((*at, *first["loc"]), dotted=dotted)
     if first["type"] == "missing":
         message = f"missing required parameter: {param}"
     elif first["type"] == "union_tag_invalid":
@@ -77,16 +78,15 @@ def parse_body(raw: bytes, model_type: type[R], *, dotted: bool = False) -> R:
     data = load_json(raw, dotted=dotted)
     if not isinstance(data, dict):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-    return validate_body(data, model_type, dotted=dotted)
-
-
-def validate_body(data: dict[str, Any], model_type: type[R], *, dotted: bool = False) -> R:
-    """Validate an already decoded body (a translated API's chat request, built in memory: no JSON round
-    trip), then refuse the first `unsupported()` feature; each a 400 `GatewayError` naming the parameter."""
     try:
         request = model_type.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, dotted=dotted) from None
+    return supported(request)
+
+
+def supported(request: R) -> R:
+    """`request`, or a 400 `GatewayError` for the first feature it asks for that no engine here can honour."""
     problems = request.unsupported()
     if problems:
         param, reason = problems[0]

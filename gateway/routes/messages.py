@@ -1,6 +1,6 @@
 """Anthropic's Messages API over the one chat path: POST /v1/messages and POST /v1/messages/count_tokens.
 
-    parse (MessagesRequest) → to_chat → chat request → Service.handle (auth, admission, metrics,
+    parse (MessagesRequest) → to_chat (the typed chat request) → Service.handle (auth, admission, metrics,
     disconnect-abort, logging: as for chat) → to_message | MessagesStream over the chat chunks
 
 The key is taken from `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer` (Anthropic's SDKs with an
@@ -30,7 +30,7 @@ from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession, UnaryResult
 from gateway.translate import MessagesStream, messages, new_id, parse_body
 from gateway.translate.chunk_loop import translated_events
-from gateway.translate.params import MESSAGES, renamed, translated_request
+from gateway.translate.params import MESSAGES, renamed
 
 router = APIRouter(route_class=DirectRoute)
 
@@ -54,16 +54,16 @@ async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
 async def _submit(
     request: Request,
     api: str,
-    parse: Callable[[bytes], tuple[R, dict[str, Any]]],
+    parse: Callable[[bytes], R],
     render: Callable[[R, dict[str, Any]], dict[str, Any]],
 ) -> tuple[R, UnaryResult | StreamSession]:
-    """begin → parse and translate (`parse` answers the request and its chat body) → the service, which
-    passes a non-streamed answer through `render` before accounting it; a refusal before the service is
-    accounted here, the service accounts its own."""
+    """begin → parse → translate (the typed chat request) → the service, which passes a non-streamed answer
+    through `render` before accounting it; a refusal before the service is accounted here, the service
+    accounts its own."""
     app, ctx, raw = await begin(request, RequestKind.CHAT, api=api)
     try:
-        req, body = parse(raw)
-        chat = translated_request(body, MESSAGES, messages.MessagesChatRequest)
+        req = parse(raw)
+        chat = messages.to_chat(req)
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
@@ -73,14 +73,12 @@ async def _submit(
         raise renamed(exc, MESSAGES) from None
 
 
-def _parse_message(raw: bytes) -> tuple[MessagesRequest, dict[str, Any]]:
-    req = parse_body(raw, MessagesRequest, dotted=True)
-    return req, messages.to_chat(req)
+def _parse_message(raw: bytes) -> MessagesRequest:
+    return parse_body(raw, MessagesRequest, dotted=True)
 
 
-def _parse_count(raw: bytes) -> tuple[CountTokensRequest, dict[str, Any]]:
-    req = parse_body(raw, CountTokensRequest, dotted=True)
-    return req, {**messages.to_chat(req), "max_tokens": 1}
+def _parse_count(raw: bytes) -> CountTokensRequest:
+    return parse_body(raw, CountTokensRequest, dotted=True)
 
 
 def _render_message(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:

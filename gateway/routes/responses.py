@@ -1,7 +1,7 @@
 """OpenAI's Responses API over the one chat path: POST /v1/responses, GET and DELETE /v1/responses/{id},
 GET /v1/responses/{id}/input_items.
 
-    parse (ResponsesRequest) → previous_response_id's history from the store → to_chat → chat request
+    parse (ResponsesRequest) → previous_response_id's history from the store → to_chat (the typed chat request)
       → Service.handle (auth, admission, metrics, disconnect-abort, logging: as for chat)
       → to_response | ResponsesStream over the chat chunks → store (`store: true`, before the client sees
         the end, so a follow-up sent at once finds it)
@@ -33,7 +33,7 @@ from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession
 from gateway.translate import ResponsesStream, new_id, parse_body, responses
 from gateway.translate.chunk_loop import translated_events
-from gateway.translate.params import RESPONSES, chat_request, renamed
+from gateway.translate.params import RESPONSES, renamed
 
 log = logging.getLogger("voltgate")
 router = APIRouter(route_class=DirectRoute)
@@ -103,7 +103,7 @@ async def create_response(request: Request) -> Response:
     try:
         req = _limited(parse_body(raw, ResponsesRequest), app.service.settings.max_tokens_cap)
         history = await _history(store, req, ctx.principal.key_id)
-        chat = chat_request(responses.to_chat(req, history), RESPONSES)
+        chat = responses.to_chat(req, history)
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise

@@ -1,8 +1,9 @@
 """Translation layers over the one chat path: OpenAI's Responses API and Anthropic's Messages API.
 
-Each turns its request into an OpenAI chat-completions request dict (validated by the gateway's own
-chat request model), and the chat path's answer (a `chat.completion`, or `chat.completion.chunk`s) back
-into its own objects and stream events. Nothing here does I/O.
+Each builds its request as the gateway's typed chat request (`ChatCompletionRequest`, made of the chat
+protocol's message, tool and format models; `params.translated` names a refusal by the client's
+parameter), and renders the chat path's answer (a `chat.completion`, or typed `chat.completion.chunk`s
+through `chunk_loop`) as its own objects and stream events. Nothing here does I/O.
 """
 
 from gateway.protocol.parsing import parse_body

@@ -9,14 +9,26 @@ Anthropic's envelope (`anthropic_error`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
+from typing import Any, Literal
 
 from backends.overflow import anthropic_overflow_message, overflow_counts
-from backends.request import EngineRequest
+from backends.request import (
+    EngineRequest,
+    FunctionCall,
+    FunctionDefinition,
+    FunctionName,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 from gateway.errors import ErrorCode, GatewayError
-from gateway.protocol import ChatCompletionRequest
 from gateway.protocol.anthropic import (
     CountTokensRequest,
+    CustomTool,
     ImageBlock,
     InputMessage,
     MessagesRequest,
@@ -24,9 +36,26 @@ from gateway.protocol.anthropic import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.protocol.anthropic import ToolChoice as AnthropicToolChoice
+from gateway.protocol.chat_messages import (
+    AssistantMessage,
+    ContentPart,
+    ImageUrl,
+    ImageUrlPart,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
+from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
+from gateway.protocol.tagged import Refused
 from gateway.serving.engine_requests import EngineTarget
+from gateway.translate.params import MESSAGES, located, translated
 
 # -- request ----------------------------------------------------------------------------------------------
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | Refused
+ToolMode = Literal["auto", "none", "required"]
 
 
 def _result_content(block: ToolResultBlock) -> str:
@@ -35,47 +64,44 @@ def _result_content(block: ToolResultBlock) -> str:
     return f"Error: {text}" if block.is_error else text
 
 
-def _user(blocks: list[Any]) -> list[dict[str, Any]]:
+def _user(blocks: list[Block]) -> list[Message]:
     """A user turn: its text blocks as user messages, each tool_result as a `tool` message, in order."""
-    out: list[dict[str, Any]] = []
-    text: list[dict[str, Any]] = []
+    out: list[Message] = []
+    parts: list[ContentPart] = []
     for block in blocks:
         if isinstance(block, TextBlock):
-            text.append({"type": "text", "text": block.text})
+            parts.append(TextPart(type="text", text=block.text))
         elif isinstance(block, ImageBlock):
-            text.append({"type": "image_url", "image_url": {"url": block.url()}})
+            parts.append(ImageUrlPart(type="image_url", image_url=ImageUrl(url=block.url())))
         elif isinstance(block, ToolResultBlock):
-            if text:
-                out.append({"role": "user", "content": text})
-                text = []
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_content(block)})
-    if text:
-        out.append({"role": "user", "content": text})
+            if parts:
+                out.append(UserMessage(role="user", content=parts))
+                parts = []
+            out.append(ToolMessage(role="tool", tool_call_id=block.tool_use_id, content=_result_content(block)))
+    if parts:
+        out.append(UserMessage(role="user", content=parts))
     return out
 
 
-def _assistant(blocks: list[Any]) -> dict[str, Any]:
-    text = [{"type": "text", "text": b.text} for b in blocks if isinstance(b, TextBlock)]
+def _assistant(blocks: list[Block]) -> AssistantMessage:
+    text: list[ContentPart] = [TextPart(type="text", text=b.text) for b in blocks if isinstance(b, TextBlock)]
     calls = [
-        {
-            "id": b.id,
-            "type": "function",
-            "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
-        }
+        ToolCall(
+            id=b.id,
+            type="function",
+            function=FunctionCall(name=b.name, arguments=json.dumps(b.input, ensure_ascii=False)),
+        )
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return AssistantMessage(role="assistant", content=text or None, tool_calls=calls or None)
 
 
-def _messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
+def _messages(req: CountTokensRequest) -> list[Message]:
+    messages: list[Message] = []
     system = req.system_text()
     if system:
-        messages.append({"role": "system", "content": system})
+        messages.append(SystemMessage(role="system", content=system))
     _check_system_turns(req.messages)
     _check_tool_ids(req.messages)
     for message in req.messages:
@@ -121,92 +147,101 @@ def _check_tool_ids(turns: list[InputMessage]) -> None:
         raise GatewayError(ErrorCode.INVALID_REQUEST, message, param=f"{where}.id")
 
 
-def _turn(message: InputMessage) -> list[dict[str, Any]]:
-    if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
+def _turn(message: InputMessage) -> list[Message]:
+    content = message.content
     if message.role == "system":  # a mid-conversation system message stays where it is
-        return [{"role": "system", "content": "\n".join(b.text for b in message.content if isinstance(b, TextBlock))}]
+        text = content if isinstance(content, str) else "\n".join(b.text for b in content if isinstance(b, TextBlock))
+        return [SystemMessage(role="system", content=text)]
+    if isinstance(content, str):
+        if message.role == "assistant":
+            return [AssistantMessage(role="assistant", content=content)]
+        return [UserMessage(role="user", content=content)]
     if message.role == "assistant":
-        return [_assistant(message.content)]
-    return _user(message.content)
+        return [_assistant(content)]
+    return _user(content)
 
 
-def _tool_choice(req: CountTokensRequest) -> dict[str, Any]:
-    choice = req.tool_choice
+def _function(tool: CustomTool) -> FunctionDefinition:
+    return FunctionDefinition(
+        name=tool.name, description=tool.description, parameters=tool.input_schema, strict=tool.strict
+    )
+
+
+def _tools(req: CountTokensRequest) -> list[Tool] | None:
+    tools = [
+        Tool(type="function", function=located(("tools", i, "function"), partial(_function, tool)))
+        for i, tool in enumerate(req.custom_tools())
+    ]
+    return tools or None
+
+
+_MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def _tool_choice(choice: AnthropicToolChoice | None) -> ToolChoice | None:
+    """any → "required", tool → named (`unsupported()` has checked that the name is offered), none → "none"."""
     if choice is None:
-        return {}
-    out: dict[str, Any] = {}
+        return None
     if choice.type == "tool":
-        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    else:
-        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
-    if choice.disable_parallel_tool_use:
-        out["parallel_tool_calls"] = False
-    return out
+        assert choice.name is not None, "a named tool_choice without a name is refused by unsupported()"
+        return NamedToolChoice(type="function", function=FunctionName(name=choice.name))
+    return _MODES[choice.type]
 
 
 class MessagesChatRequest(ChatCompletionRequest):
-    """The chat request a Messages request becomes (`to_chat`, then `params.chat_request`). Streamed, it asks
-    the engine to put the prompt's usage in its first chunk (`stream_options.include_prompt_usage`), so
-    that message_start reports `input_tokens` and `cache_read_input_tokens` as Anthropic's does."""
+    """The chat request a Messages request becomes (`to_chat`). Streamed, it asks the engine to put the
+    prompt's usage in its first chunk (`stream_options.include_prompt_usage`), so that message_start reports
+    `input_tokens` and `cache_read_input_tokens` as Anthropic's does."""
 
     def to_engine(self, target: EngineTarget) -> EngineRequest:
         return super().to_engine(target).asking_prompt_usage()
 
 
-def to_chat(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
-    """The chat-completions request for `req` (for `CountTokensRequest`: its prompt part only).
+def to_chat(req: MessagesRequest | CountTokensRequest) -> MessagesChatRequest:
+    """The chat-completions request for `req`, built typed; for `CountTokensRequest` its prompt part with
+    `max_tokens` 1 (count_tokens reads the prompt's usage). Raises a 400 `GatewayError` naming the client's
+    parameter.
 
-    Mapping: system → a leading system message (text blocks joined by newlines), a mid-conversation system message → a
-    system message in its place; tool_result with
-    is_error → a tool message whose content starts "Error: "; tool_choice any → "required", tool → named, none →
-    "none", disable_parallel_tool_use → parallel_tool_calls false; stop_sequences → stop; top_k is the
-    gateway's top_k extension; metadata.user_id → user; output_config.format → response_format
-    json_schema.
+    Mapping: system → a leading system message (text blocks joined by newlines), a mid-conversation system
+    message → a system message in its place; tool_result with is_error → a tool message whose content starts
+    "Error: "; tool_choice any → "required", tool → named, none → "none", disable_parallel_tool_use →
+    parallel_tool_calls false; stop_sequences → stop; top_k is the gateway's top_k extension;
+    metadata.user_id → user; output_config.format → response_format json_schema.
     """
-    body: dict[str, Any] = {"model": req.model, "messages": _messages(req)}
-    tools = req.custom_tools()
-    if tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    k: v
-                    for k, v in {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.input_schema,
-                        "strict": t.strict,
-                    }.items()
-                    if v is not None
-                },
-            }
-            for t in tools
-        ]
-        body.update(_tool_choice(req))
-    if isinstance(req, MessagesRequest):
-        body.update(_sampling(req))
-    return body
+    messages = _messages(req)  # its refusals name the client's own message paths: before the renaming
+    return translated(MESSAGES, lambda: _chat(req, messages))
 
 
-def _sampling(req: MessagesRequest) -> dict[str, Any]:
+def _chat(req: MessagesRequest | CountTokensRequest, messages: list[Message]) -> MessagesChatRequest:
+    tools = _tools(req)
+    choice = req.tool_choice if tools else None
+    parallel = False if choice is not None and choice.disable_parallel_tool_use else None
+    if not isinstance(req, MessagesRequest):
+        return MessagesChatRequest(
+            model=req.model, messages=messages, tools=tools, tool_choice=_tool_choice(choice),
+            parallel_tool_calls=parallel, max_tokens=1,
+        )  # fmt: skip
     fmt = req.output_config.format if req.output_config is not None else None
-    optional: dict[str, Any] = {
-        "max_tokens": req.max_tokens,
-        "stop": list(req.stop_sequences) if req.stop_sequences else None,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "user": req.metadata.user_id if req.metadata is not None else None,
-        "response_format": (
-            {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt.schema_}} if fmt else None
+    return MessagesChatRequest(
+        model=req.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(choice),
+        parallel_tool_calls=parallel,
+        max_tokens=req.max_tokens,
+        stop=list(req.stop_sequences) if req.stop_sequences else None,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        user=req.metadata.user_id if req.metadata is not None else None,
+        response_format=(
+            ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="response", schema_=fmt.schema_))
+            if fmt is not None
+            else None
         ),
-    }
-    out = {key: value for key, value in optional.items() if value is not None}
-    if req.streaming:
-        out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
-    return out
+        stream=req.streaming,
+        stream_options=StreamOptions(include_usage=True) if req.streaming else None,
+    )
 
 
 # -- response ---------------------------------------------------------------------------------------------

@@ -1,21 +1,24 @@
 """Chat parameter names in errors, renamed to the translated API's own (`stop` → `stop_sequences`, ...).
 
-A translated request is validated again as a chat request, and the service, the workers and the cap
-checks name chat parameters; a client of the Responses or Messages API must read the names it sent. A
-path inside `messages` names a chat message whose index need not match the client's (system prompts and
-tool results are moved or split), so it is reported as the client's whole `input` / `messages`.
+A translated request is built as the typed chat request (`translated`: its constructors validate what the
+chat path bounds), and it, the service, the workers and the cap checks name chat parameters; a client of the
+Responses or Messages API must read the names it sent. A path inside `messages` names a chat message whose
+index need not match the client's (system prompts and tool results are moved or split), so it is reported
+as the client's whole `input` / `messages`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
-from gateway.protocol.parsing import validate_body
+from gateway.protocol.parsing import supported, validation_error
 
 _HEAD = re.compile(r"^[A-Za-z_]+")
 _TOOL = re.compile(r"^tools\[(\d+)\](?:\.function)?(?:\.(\w+))?")
@@ -81,17 +84,29 @@ def renamed(error: GatewayError, names: ParamNames) -> GatewayError:
 
 
 C = TypeVar("C", bound=ChatCompletionRequest)
+T = TypeVar("T")
 
 
-def chat_request(body: dict[str, Any], names: ParamNames) -> ChatCompletionRequest:
-    """A translated request as the gateway's chat request (validated from memory, never re-encoded as JSON);
-    a refusal names the client's parameter."""
-    return translated_request(body, names, ChatCompletionRequest)
-
-
-def translated_request(body: dict[str, Any], names: ParamNames, request_type: type[C]) -> C:
-    """`chat_request` as a subclass of the chat request that shapes its own engine request."""
+def translated(names: ParamNames, build: Callable[[], C]) -> C:
+    """The chat request `build` constructs from typed fields (the constructors validate: bounds, limits),
+    then refused for its first `unsupported()` feature; a refusal names the client's parameter. Checks that
+    name the client's own paths (`messages.1.content.0.id`) run before, outside this renaming."""
     try:
-        return validate_body(body, request_type)
+        chat = build()
+        # The chat request keeps unknown top-level fields aside (to refuse them by name); a translation sets
+        # none, so a misspelt field name is a bug here, never a parameter silently dropped.
+        assert not chat.model_extra, f"a translation set unknown chat fields: {sorted(chat.model_extra or {})}"
+        return supported(chat)
+    except ValidationError as exc:
+        raise renamed(validation_error(exc), names) from None
     except GatewayError as exc:
         raise renamed(exc, names) from None
+
+
+def located(at: tuple[int | str, ...], build: Callable[[], T]) -> T:
+    """A part of the chat request built on its own (`build`), its validation errors named by where the part
+    sits in the request (`("tools", 2, "function")`: `tools[2].function.name`), as if validated in place."""
+    try:
+        return build()
+    except ValidationError as exc:
+        raise validation_error(exc, at=at) from None

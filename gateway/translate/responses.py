@@ -11,25 +11,55 @@ in both directions; each function_call item also has its own `fc_…` item id.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from pydantic import TypeAdapter
 
+from backends.request import (
+    FunctionCall,
+    FunctionDefinition,
+    FunctionName,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 from gateway.errors import ErrorCode, GatewayError
+from gateway.protocol.chat_messages import (
+    AssistantMessage,
+    ContentPart,
+    ImageUrl,
+    ImageUrlPart,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
+from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses_api import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    FunctionTool,
     FunctionToolChoice,
     InputImage,
     InputItem,
+    InputText,
     MessageItem,
+    OutputText,
     ReasoningItem,
+    RefusalPart,
     ResponsesRequest,
     TextFormatJsonObject,
     TextFormatJsonSchema,
     content_text,
 )
+from gateway.protocol.tagged import Refused
 from gateway.translate.ids import new_id
+from gateway.translate.params import RESPONSES, located, translated
 
 _ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 
@@ -44,42 +74,61 @@ _RESPONSE_ERROR_CODES = {
 
 
 # -- request ----------------------------------------------------------------------------------------------
-def _text_parts(content: str | list[Any]) -> str | list[dict[str, Any]]:
+Part = InputText | OutputText | RefusalPart | InputImage | Refused
+
+
+def _parts(content: str | list[Part]) -> str | list[ContentPart]:
     if isinstance(content, str):
         return content
     return [_chat_part(part) for part in content]
 
 
-def _chat_part(part: Any) -> dict[str, Any]:
+def _chat_part(part: Part) -> ContentPart:
     if isinstance(part, InputImage):  # checked by `unsupported()`: a user message's, with image_url
-        return {"type": "image_url", "image_url": {"url": part.image_url, "detail": part.detail or "auto"}}
-    return {"type": "text", "text": content_text([part])}
+        assert part.image_url is not None, "an input_image without image_url is refused by unsupported()"
+        return ImageUrlPart(type="image_url", image_url=ImageUrl(url=part.image_url, detail=part.detail or "auto"))
+    return TextPart(type="text", text=content_text([part]))
 
 
-def _call(item: FunctionCallItem) -> dict[str, Any]:
-    function = {"name": item.qualified_name(), "arguments": item.arguments}
-    return {"id": item.call_id, "type": "function", "function": function}
+def _message(item: MessageItem) -> Message:
+    content = _parts(item.content)
+    if item.role == "user":
+        return UserMessage(role="user", content=content)
+    if item.role == "assistant":
+        return AssistantMessage(role="assistant", content=content)
+    return SystemMessage(role=item.role, content=content)
 
 
-def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, Any]]:
+def _call(item: FunctionCallItem) -> ToolCall:
+    return ToolCall(
+        id=item.call_id, type="function", function=FunctionCall(name=item.qualified_name(), arguments=item.arguments)
+    )
+
+
+def _add_call(messages: list[Message], call: ToolCall) -> None:
+    """A function call joins the assistant message before it, else opens one."""
+    last = messages[-1] if messages else None
+    if isinstance(last, AssistantMessage):
+        messages[-1] = last.model_copy(update={"tool_calls": [*(last.tool_calls or ()), call]})
+    else:
+        messages.append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
+
+
+def _messages(items: list[InputItem], *, first_request_index: int) -> list[Message]:
     """Chat messages for Responses items; consecutive assistant text and function calls form one message.
 
     As OpenAI answers them, a function_call_output whose call_id no earlier function_call produced, and a
     function_call left without its output, are 400s; an output is named by its index in the request's own
     `input` (items before `first_request_index` are history).
     """
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     call_ids: dict[str, bool] = {}  # call_id → answered
     for i, item in enumerate(items):
-        last = messages[-1] if messages else None
         if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": _text_parts(item.content)})
+            messages.append(_message(item))
         elif isinstance(item, FunctionCallItem):
             call_ids[item.call_id] = False
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(_call(item))
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [_call(item)]})
+            _add_call(messages, _call(item))
         elif isinstance(item, FunctionCallOutputItem):
             if item.call_id not in call_ids:
                 where = f"input[{i - first_request_index}]" if i >= first_request_index else "previous_response_id"
@@ -89,10 +138,9 @@ def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, A
                     param=where,
                 )
             call_ids[item.call_id] = True
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text_parts(item.output)})
+            messages.append(ToolMessage(role="tool", tool_call_id=item.call_id, content=_parts(item.output)))
         elif not isinstance(item, ReasoningItem):  # reasoning from elsewhere is opaque here: skipped
-            kind = getattr(item, "type", "?")
-            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"input items of type {kind!r} are not supported")
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"input items of type {item.type!r} are not supported")
     unanswered = [call_id for call_id, answered in call_ids.items() if not answered]
     if unanswered:
         message = f"No tool output found for function call {unanswered[0]}."
@@ -100,25 +148,39 @@ def _messages(items: list[Any], *, first_request_index: int) -> list[dict[str, A
     return messages
 
 
-def _tool_choice(req: ResponsesRequest) -> str | dict[str, Any] | None:
+def _tool_choice(req: ResponsesRequest) -> ToolChoice | None:
     choice = req.tool_choice
     if isinstance(choice, FunctionToolChoice):
-        return {"type": "function", "function": {"name": choice.name}}
+        return NamedToolChoice(type="function", function=FunctionName(name=choice.name))
     return choice if isinstance(choice, str) else None
 
 
-def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+def _response_format(req: ResponsesRequest) -> ResponseFormat | None:
     fmt = req.text.format if req.text is not None else None
     if isinstance(fmt, TextFormatJsonObject):
-        return {"type": "json_object"}
+        return ResponseFormat(type="json_object")
     if isinstance(fmt, TextFormatJsonSchema):
-        schema = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict, "description": fmt.description}
-        return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+        schema = JsonSchemaFormat(name=fmt.name, schema_=fmt.schema_, strict=fmt.strict, description=fmt.description)
+        return ResponseFormat(type="json_schema", json_schema=schema)
     return None
 
 
-def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat-completions request for `req`, after the stored `history` of its previous responses.
+def _tools(req: ResponsesRequest) -> list[Tool] | None:
+    """The callable functions as chat tools, each by the name the model knows it by (`namespace.name`)."""
+    tools = [
+        Tool(type="function", function=located(("tools", i, "function"), partial(_function, name, tool)))
+        for i, (name, (_, tool)) in enumerate(req.callable_functions().items())
+    ]
+    return tools or None
+
+
+def _function(name: str, tool: FunctionTool) -> FunctionDefinition:
+    return FunctionDefinition(name=name, description=tool.description, parameters=tool.parameters, strict=tool.strict)
+
+
+def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """The chat-completions request for `req`, after the stored `history` of its previous responses, built
+    typed; a refusal names the Responses parameter.
 
     `instructions` come first as a system message; those of earlier responses are not carried over (they
     are not input items), as OpenAI documents. Raises a 400 `GatewayError` for a function_call_output
@@ -127,30 +189,28 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, A
     history_items = _ITEMS.validate_python(history)
     messages = _messages([*history_items, *req.items()], first_request_index=len(history_items))
     if req.instructions:
-        messages.insert(0, {"role": "system", "content": req.instructions})
-    body: dict[str, Any] = {"model": req.model, "messages": messages}
-    if messages and messages[-1]["role"] == "assistant":
-        body["continue_final_message"] = False  # the Responses API has no prefill: always a new turn
-    functions = req.callable_functions()
-    if functions:
-        body["tools"] = [
-            {"type": "function", "function": {**tool.model_dump(exclude={"type"}, exclude_none=True), "name": name}}
-            for name, (_, tool) in functions.items()
-        ]
-    optional = {
-        "tool_choice": _tool_choice(req),
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "max_completion_tokens": req.max_output_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "user": req.user,
-        "response_format": _response_format(req),
-    }
-    body.update({key: value for key, value in optional.items() if value is not None})
-    if req.streaming:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+        messages.insert(0, SystemMessage(role="system", content=req.instructions))
+    return translated(RESPONSES, lambda: _chat(req, messages))
+
+
+def _chat(req: ResponsesRequest, messages: list[Message]) -> ChatCompletionRequest:
+    tools = _tools(req)  # before tool_choice: a name too long for a tool is named at the tool, as in place
+    return ChatCompletionRequest(
+        model=req.model,
+        messages=messages,
+        # the Responses API has no prefill: a final assistant message is followed by a new turn
+        continue_final_message=False if messages and messages[-1].role == "assistant" else None,
+        tools=tools,
+        tool_choice=_tool_choice(req),
+        parallel_tool_calls=req.parallel_tool_calls,
+        max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        user=req.user,
+        response_format=_response_format(req),
+        stream=req.streaming,
+        stream_options=StreamOptions(include_usage=True) if req.streaming else None,
+    )
 
 
 # -- response ---------------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import pytest
 from openai.types.responses import Response
 
 from gateway.errors import GatewayError
-from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
+from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import ResponsesStream, messages, parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches
@@ -43,10 +43,6 @@ def responses_request(**fields: Any) -> ResponsesRequest:
     return parse_body(json.dumps({"model": "smol", "input": "hi", **fields}).encode(), ResponsesRequest)
 
 
-def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
-    return parse_request(json.dumps(body).encode(), ChatCompletionRequest)
-
-
 def chat_completion(tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
     message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
     return {
@@ -63,7 +59,7 @@ def call(call_id: str, name: str, arguments: str = "{}") -> dict[str, Any]:
 # -- Codex: namespace tools ---------------------------------------------------------------------------------
 def test_a_namespace_is_served_as_its_function_tools_named_namespace_dot_name() -> None:
     req = responses_request(tools=[EXEC, NAMESPACE])
-    chat = chat_request(to_chat(req, []))
+    chat = to_chat(req, [])
     names = [tool.function.name for tool in chat.tools or ()]
     assert names == ["exec_command", "multi_agent_v1.spawn_agent", "multi_agent_v1.close_agent"]
     spawn = next(t for t in chat.tools or () if t.function.name.endswith("spawn_agent"))
@@ -116,7 +112,7 @@ def test_a_replayed_namespaced_call_is_the_qualified_name_again() -> None:
          "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": "agent-7"},
     ]  # fmt: skip
-    chat = chat_request(to_chat(responses_request(tools=[NAMESPACE], input=replay), []))
+    chat = to_chat(responses_request(tools=[NAMESPACE], input=replay), [])
     calls = chat.messages[1].tool_calls or []
     assert [c.function.name for c in calls] == ["multi_agent_v1.spawn_agent"]
 
@@ -138,7 +134,7 @@ def test_what_a_namespace_cannot_hold_is_a_400_naming_it(tools: list[dict[str, A
 def test_hosted_web_search_is_dropped_not_refused() -> None:
     req = responses_request(tools=[EXEC, WEB_SEARCH, {"type": "web_search_preview"}])
     assert req.dropped_tools() == ["web_search", "web_search_preview"]
-    chat = chat_request(to_chat(req, []))
+    chat = to_chat(req, [])
     assert [t.function.name for t in chat.tools or ()] == ["exec_command"]
 
 
@@ -150,7 +146,7 @@ def test_forcing_hosted_web_search_is_still_a_400() -> None:
 
 def test_no_max_output_tokens_sends_no_limit_to_the_chat_path() -> None:
     chat = to_chat(responses_request(), [])
-    assert "max_completion_tokens" not in chat and "max_tokens" not in chat
+    assert chat.max_completion_tokens is None and chat.max_tokens is None
 
 
 # -- Claude Code: mid-conversation system messages --------------------------------------------------------
@@ -173,10 +169,10 @@ def test_a_mid_conversation_system_message_stays_in_its_place(kind: type[Message
     brief = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
     turns = [*CLAUDE_CODE_TURN, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"}, brief]
     chat = messages.to_chat(messages_request(turns, kind))
-    assert [m["role"] for m in chat["messages"]] == ["system", "user", "system", "assistant", "user", "system"]
-    assert chat["messages"][2]["content"].startswith("Available agent types")
-    assert chat["messages"][5]["content"] == "Be brief."
-    chat_request({**chat, "max_tokens": 8})  # the chat path takes it
+    assert [m.role for m in chat.messages] == ["system", "user", "system", "assistant", "user", "system"]
+    assert chat.messages[2].text().startswith("Available agent types")
+    assert chat.messages[5].text() == "Be brief."
+    assert chat.to_engine(EngineTarget(model="w")).messages is not None  # the chat path takes it
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,13 @@ from backends.request import ENGINE_PATHS, AnyEngineRequest, EngineEmbeddingRequ
 from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.rerank import RerankRequest
 from gateway.protocol.served import ServedRequest
 from gateway.serving.admission import Admission
 from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.upstream import Upstream
-from gateway.translate.messages import MessagesChatRequest
-from gateway.translate.params import MESSAGES, translated_request
+from gateway.translate.messages import to_chat
 from tests.fakes.asgi_worker import FakeWorker
 
 REQUESTS: list[ServedRequest] = [
@@ -50,19 +50,17 @@ def test_every_adapter_translates_every_kind(adapter: Any, parsed: ServedRequest
 def test_a_messages_stream_asks_for_the_prompt_usage_and_only_our_worker_is_sent_it() -> None:
     """The Messages API's chat request asks its engine for the prompt's usage in the first chunk (for
     message_start); a remote endpoint never sees voltgate's option, LMDeploy gets its own stream_options."""
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    engine = translated_request(body, MESSAGES, MessagesChatRequest).to_engine(EngineTarget(model="w"))
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    engine = to_chat(MessagesRequest.model_validate(body)).to_engine(EngineTarget(model="w"))
     assert engine.include_prompt_usage and engine.include_usage
-    unary = {**body, "stream": False, "stream_options": None}
-    assert (
-        not translated_request(unary, MESSAGES, MessagesChatRequest).to_engine(EngineTarget(model="w")).stream_options
-    )
+    unary = {**body, "stream": False}
+    assert not to_chat(MessagesRequest.model_validate(unary)).to_engine(EngineTarget(model="w")).stream_options
     assert LlamaCppAdapter().translate_request(engine)["stream_options"] == {
         "include_usage": True, "include_prompt_usage": True}  # fmt: skip
     assert RemoteAdapter().translate_request(engine)["stream_options"] == {"include_usage": True}
     assert LMDeployAdapter().translate_request(engine)["stream_options"] == {"include_usage": True}
-    chat = ChatCompletionRequest.model_validate(body).to_engine(EngineTarget(model="w"))
+    chat_body = {**body, "stream_options": {"include_usage": True}}
+    chat = ChatCompletionRequest.model_validate(chat_body).to_engine(EngineTarget(model="w"))
     assert LlamaCppAdapter().translate_request(chat)["stream_options"] == {"include_usage": True}  # chat: unchanged
 
 

@@ -11,6 +11,7 @@ import pytest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
 from gateway.translate.messages import anthropic_error, anthropic_error_body, to_chat, to_message
 
@@ -29,6 +30,17 @@ def request(**fields: Any) -> MessagesRequest:
 def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     """What the gateway's one chat path makes of a translated request (raises its 400s)."""
     return parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+
+
+def translate(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
+    """`to_chat`'s typed chat request as JSON (fields at None left out), checked to be exactly what the chat
+    path makes of that JSON: the same request and the same engine request."""
+    chat = to_chat(req)
+    body = chat.model_dump(mode="json", exclude_none=True, by_alias=True)
+    again = parse_request(json.dumps(body).encode(), type(chat))
+    assert again == chat
+    assert again.to_engine(EngineTarget(model="w")) == chat.to_engine(EngineTarget(model="w"))
+    return body
 
 
 def completion(
@@ -71,7 +83,7 @@ def test_system_and_sampling_map_onto_chat_fields() -> None:
         metadata={"user_id": "u-1"},
         stream=True,
     )
-    body = to_chat(req)
+    body = translate(req)
     assert body["messages"] == [
         {"role": "system", "content": "You are terse.\nAnswer in French."},
         {"role": "user", "content": "hi"},
@@ -110,7 +122,7 @@ def test_tool_use_and_tool_result_blocks_become_tool_calls_and_tool_messages() -
             },
         ],
     )
-    body = to_chat(req)
+    body = translate(req)
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
         {
@@ -149,7 +161,7 @@ def test_tool_use_and_tool_result_blocks_become_tool_calls_and_tool_messages() -
     ],
 )
 def test_tool_choice_maps_onto_chat(choice: dict[str, Any], expected: dict[str, Any]) -> None:
-    body = to_chat(request(tools=[WEATHER], tool_choice=choice))
+    body = translate(request(tools=[WEATHER], tool_choice=choice))
     assert {k: body[k] for k in expected} == expected
     assert ("parallel_tool_calls" in body) == ("parallel_tool_calls" in expected)
     chat_request(body)
@@ -160,7 +172,7 @@ def test_tool_results_and_tool_uses_must_pair_up() -> None:
         messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]
     )
     with pytest.raises(GatewayError) as caught:
-        to_chat(orphan)
+        translate(orphan)
     assert caught.value.status == 400 and caught.value.param == "messages.0.content.0.tool_use_id"
     unanswered = request(
         tools=[WEATHER],
@@ -174,19 +186,21 @@ def test_tool_results_and_tool_uses_must_pair_up() -> None:
         ],
     )
     with pytest.raises(GatewayError) as caught:
-        to_chat(unanswered)
+        translate(unanswered)
     assert caught.value.param == "messages.1.content.0.id"
 
 
 def test_a_final_assistant_message_is_a_prefill_the_chat_path_continues() -> None:
-    body = to_chat(request(messages=[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]))
+    body = translate(
+        request(messages=[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}])
+    )
     assert body["messages"][-1] == {"role": "assistant", "content": "1, 2,"}
     assert chat_request(body).continues_reply
 
 
 def test_output_config_format_is_a_json_schema_response_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    body = to_chat(request(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}))
+    body = translate(request(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}))
     assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
 
 
@@ -198,9 +212,10 @@ def test_count_tokens_request_translates_its_prompt_only() -> None:
         CountTokensRequest,
         dotted=True,
     )
-    body = to_chat(req)
+    body = translate(req)
     assert body["messages"] == [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
-    assert "max_tokens" not in body and body["tools"][0]["function"]["name"] == "get_weather"
+    assert body["tools"][0]["function"]["name"] == "get_weather"
+    assert body["max_tokens"] == 1  # one decoded token: count_tokens reads the prompt's usage
 
 
 # -- validation and refusals ------------------------------------------------------------------------------
@@ -343,7 +358,7 @@ def test_round_trip_keeps_tool_ids_and_inputs() -> None:
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "3C"}]},
         ],
     )
-    body = to_chat(follow_up)
+    body = translate(follow_up)
     [call] = body["messages"][1]["tool_calls"]
     assert call["id"] == "call_1" and json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "3C"}

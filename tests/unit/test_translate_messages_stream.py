@@ -280,9 +280,9 @@ def test_a_request_the_sdk_builds_parses_and_translates() -> None:
     ) as stream:
         stream.until_done()
     req = parse_body(sent[0], MessagesRequest, dotted=True)
-    body = to_chat(req)
-    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
-    assert body["parallel_tool_calls"] is False and body["stop"] == ["END"] and body["user"] == "u1"
+    chat = to_chat(req)
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool"]
+    assert chat.parallel_tool_calls is False and chat.stop == ["END"] and chat.user == "u1"
 
 
 def prompt_usage_chunk(prompt: int, cached: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from gateway.errors import GatewayError
 from gateway.ops.store import ResponseStore
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.responses_api import ResponsesRequest
+from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches
@@ -33,6 +34,17 @@ def request(**fields: Any) -> ResponsesRequest:
 def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     """What the gateway's one chat path makes of a translated request (raises its 400s)."""
     return parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+
+
+def translate(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """`to_chat`'s typed chat request as JSON (fields at None left out), checked to be exactly what the chat
+    path makes of that JSON: the same request and the same engine request."""
+    chat = to_chat(req, history)
+    body = chat.model_dump(mode="json", exclude_none=True, by_alias=True)
+    again = parse_request(json.dumps(body).encode(), type(chat))
+    assert again == chat
+    assert again.to_engine(EngineTarget(model="w")) == chat.to_engine(EngineTarget(model="w"))
+    return body
 
 
 def completion(
@@ -72,9 +84,9 @@ def respond(chat: dict[str, Any], req: ResponsesRequest, response_id: str = "res
 
 # -- request → chat ---------------------------------------------------------------------------------------
 def test_string_input_is_one_user_message_after_the_instructions() -> None:
-    body = to_chat(request(input="Hello", instructions="Be terse."), [])
+    body = translate(request(input="Hello", instructions="Be terse."), [])
     assert body["messages"] == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hello"}]
-    assert "stream" not in body
+    assert body["stream"] is False and "stream_options" not in body
     chat_request(body)
 
 
@@ -90,7 +102,7 @@ def test_settings_map_onto_chat_fields() -> None:
         stream=True,
         text={"format": {"type": "json_schema", "name": "city", "schema": {"type": "object"}, "strict": True}},
     )
-    body = to_chat(req, [])
+    body = translate(req, [])
     assert body["tools"] == [
         {
             "type": "function",
@@ -115,10 +127,10 @@ def test_settings_map_onto_chat_fields() -> None:
 
 
 def test_json_object_format_and_tool_choice_modes_pass_through() -> None:
-    body = to_chat(request(text={"format": {"type": "json_object"}}, tools=[WEATHER], tool_choice="required"), [])
+    body = translate(request(text={"format": {"type": "json_object"}}, tools=[WEATHER], tool_choice="required"), [])
     assert body["response_format"] == {"type": "json_object"}
     assert body["tool_choice"] == "required"
-    assert "response_format" not in to_chat(request(text={"format": {"type": "text"}}), [])
+    assert "response_format" not in translate(request(text={"format": {"type": "text"}}), [])
 
 
 def test_message_items_with_parts_keep_their_roles_and_text() -> None:
@@ -130,7 +142,7 @@ def test_message_items_with_parts_keep_their_roles_and_text() -> None:
             {"role": "user", "content": "Again"},
         ]
     )
-    body = to_chat(req, [])
+    body = translate(req, [])
     assert body["messages"] == [
         {"role": "developer", "content": "Answer in French."},
         {"role": "user", "content": [{"type": "text", "text": "Say hi"}]},
@@ -141,7 +153,7 @@ def test_message_items_with_parts_keep_their_roles_and_text() -> None:
 
 
 def test_input_ending_with_an_assistant_message_asks_for_a_new_turn_not_a_continuation() -> None:
-    body = to_chat(request(input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]), [])
+    body = translate(request(input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]), [])
     assert body["continue_final_message"] is False
     assert chat_request(body).continues_reply is False
 
@@ -149,7 +161,7 @@ def test_input_ending_with_an_assistant_message_asks_for_a_new_turn_not_a_contin
 def test_function_call_output_without_its_call_is_refused_naming_the_item() -> None:
     req = request(input=[{"type": "function_call_output", "call_id": "call_missing", "output": "42"}])
     with pytest.raises(GatewayError) as caught:
-        to_chat(req, [])
+        translate(req, [])
     assert caught.value.status == 400
     assert caught.value.param == "input[0]"
     assert "call_missing" in caught.value.message
@@ -161,7 +173,7 @@ async def test_a_turn_after_tool_calls_without_their_outputs_is_refused(tmp_path
     response1 = respond(completion(None, [tool_call("call_p", "get_weather", "{}")], finish="tool_calls"), turn1)
     await store.put(response1, turn1.input_items())
     with pytest.raises(GatewayError) as caught:
-        to_chat(request(previous_response_id="resp_1", input="never mind"), await store.history("resp_1"))
+        translate(request(previous_response_id="resp_1", input="never mind"), await store.history("resp_1"))
     assert caught.value.status == 400 and caught.value.param == "input" and "call_p" in caught.value.message
     store.close()
 
@@ -171,7 +183,7 @@ def test_reasoning_items_are_skipped_and_reasoning_effort_is_not_applied() -> No
         input=[{"type": "reasoning", "id": "rs_1", "summary": []}, {"role": "user", "content": "Hi"}],
         reasoning={"effort": "high", "summary": "auto"},
     )
-    assert to_chat(req, [])["messages"] == [{"role": "user", "content": "Hi"}]
+    assert translate(req, [])["messages"] == [{"role": "user", "content": "Hi"}]
     response = respond(completion("Hello"), req)
     assert response["reasoning"] == {"effort": None, "summary": None}
 
@@ -199,10 +211,10 @@ async def test_second_and_third_turns_replay_function_calls_and_outputs_by_call_
             {"type": "function_call_output", "call_id": "call_r", "output": [{"type": "input_text", "text": "25C"}]},
         ],
     )
-    body2 = to_chat(turn2, await store.history("resp_1"))
+    body2 = translate(turn2, await store.history("resp_1"))
     assert body2["messages"] == [
         {"role": "user", "content": "Weather in Paris and Rome?"},
-        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "assistant", "tool_calls": calls},  # no content (None, left out of the JSON)
         {"role": "tool", "tool_call_id": "call_p", "content": "18C"},
         {"role": "tool", "tool_call_id": "call_r", "content": [{"type": "text", "text": "25C"}]},
     ]
@@ -211,7 +223,7 @@ async def test_second_and_third_turns_replay_function_calls_and_outputs_by_call_
     await store.put(response2, turn2.input_items())
 
     turn3 = request(previous_response_id="resp_2", input="Thanks!")
-    body3 = to_chat(turn3, await store.history("resp_2"))
+    body3 = translate(turn3, await store.history("resp_2"))
     assert [m["role"] for m in body3["messages"]] == ["user", "assistant", "tool", "tool", "assistant", "user"]
     assert body3["messages"][4]["content"][0]["text"] == "Paris 18C, Rome 25C."
     assert "instructions" not in json.dumps(body3) and body3["messages"][0]["role"] == "user"
@@ -226,7 +238,7 @@ def test_assistant_text_and_following_function_calls_form_one_chat_message() -> 
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}", "id": "fc_1"},
     ]
     req = request(input=[{"type": "function_call_output", "call_id": "c1", "output": "ok"}], tools=[WEATHER])
-    messages = to_chat(req, history)["messages"]
+    messages = translate(req, history)["messages"]
     assert messages[1] == {
         "role": "assistant",
         "content": [{"type": "text", "text": "Checking."}],
@@ -239,7 +251,7 @@ def test_input_items_round_trip_through_their_stored_json() -> None:
     req = request(input=[{"role": "user", "content": [{"type": "input_text", "text": "x"}]}])
     items = req.input_items()
     assert items == [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}]
-    assert to_chat(request(input="y"), items)["messages"][0] == {
+    assert translate(request(input="y"), items)["messages"][0] == {
         "role": "user",
         "content": [{"type": "text", "text": "x"}],
     }

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from gateway.errors import GatewayError
+from gateway.protocol.chat_messages import AssistantMessage
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.translate import ResponsesStream, encode_event, parse_body
@@ -306,6 +307,8 @@ def test_a_request_the_sdk_builds_parses_and_translates() -> None:
     )
     list(stream)
     req = parse_body(sent[0], ResponsesRequest)
-    body = to_chat(req, [])
-    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
-    assert body["messages"][2]["tool_calls"][0]["id"] == "call_1" and body["stream"] is True
+    chat = to_chat(req, [])
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool"]
+    assistant = chat.messages[2]
+    assert isinstance(assistant, AssistantMessage) and assistant.tool_calls and assistant.tool_calls[0].id == "call_1"
+    assert chat.stream is True

@@ -17,7 +17,8 @@ from gateway.config import Config
 from gateway.errors import ErrorCode, GatewayError
 from gateway.ops.auth import hash_key, presented_key
 from gateway.ops.metrics import Metrics
-from gateway.translate.params import MESSAGES, RESPONSES, chat_request, renamed
+from gateway.protocol import ChatCompletionRequest
+from gateway.translate.params import MESSAGES, RESPONSES, renamed, translated
 from tests.openai_schema import assert_matches_openai
 
 KEY = "vg-unit-key"
@@ -142,10 +143,11 @@ def test_chat_refusals_name_the_translated_apis_parameters(
     chat = {"model": "m", "messages": USER, **body}
     for names, expected in ((RESPONSES, responses_param), (MESSAGES, messages_param)):
         with pytest.raises(GatewayError) as caught:
-            chat_request(chat, names)
+            translated(names, lambda: ChatCompletionRequest.model_validate(chat))
         assert caught.value.param == expected
         assert caught.value.message.split(":")[0] != param or param == expected  # the message names it too
-    assert chat_request({"model": "m", "messages": USER}, MESSAGES).messages[0].role == "user"
+    ok = translated(MESSAGES, lambda: ChatCompletionRequest.model_validate({"model": "m", "messages": USER}))
+    assert ok.messages[0].role == "user"
 
 
 def test_renamed_keeps_status_code_and_retry_after_and_maps_tool_paths() -> None:
