@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -115,7 +114,6 @@ def create_app(
                 cluster.start(registry, residency, make, metrics, lambda p: setattr(context, "placement", p))
             current = Desired(config, tuple(plans), dict(refused or {}), placement or {})
             context.reloader = _reloader(context, planner, current, residency, make, watch) if planner else None
-            gc.freeze()  # the start-up heap (modules, schemas, plans) is never garbage: no collection walks it again
             try:
                 yield
             finally:
