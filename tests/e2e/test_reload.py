@@ -80,7 +80,8 @@ def test_add_remove_change_under_load(reloading: tuple[Gateway, Path], smollm2_p
         lines = [line for line in out["lines"] if line]  # type: ignore[attr-defined]
         assert lines[-1] == "data: [DONE]", lines[-3:]
         assert len(lines) > 100  # the whole answer, not a stream cut short by the reload
-        assert not any('"error"' in line for line in lines)
+        errors = [line for line in lines if '"error"' in line]
+        assert not errors, (errors, gateway.log_path.read_text()[-3000:])
     assert models(gateway) == {"keep", "change", "add"}
     missing = httpx.post(gateway.base_url + "/completions", json={"model": "drop", "prompt": "x"}, timeout=30)
     assert missing.status_code == 404

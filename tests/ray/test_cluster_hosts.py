@@ -139,6 +139,7 @@ def test_a_worker_on_a_lost_host_cuts_its_stream_and_answers_503_naming_the_host
         stream = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Count from 1 to 1000, one number per line."}],
             max_tokens=1500, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},  # never ends on its own before the kill lands (a fast CPU once did)
         )  # fmt: skip
         chunks, cut = 0, None
         try:
