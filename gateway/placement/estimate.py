@@ -145,7 +145,6 @@ def fit_turbomind(
     extra_kv: bool = False,
     vision: bool = False,
 ) -> TurboMindFit | Shortfall:
-    # long: the memory terms in the order they are spent, each named where it is computed.
     """Does TurboMind serve `concurrency` sessions of `session_len` on these GPUs (tp = their number), each
     showing `free_bytes` free when the worker starts? The KV cache gets sessions x 1.10 (or, with `extra_kv`,
     up to lmdeploy's 0.8 of what is free after the weights); `cache_max_entry_count` is that KV over the
@@ -168,41 +167,56 @@ def fit_turbomind(
 
     runtime = runtime_for(batch)
     needed = weights + fixed + runtime + target + MARGIN_BYTES
-    what = f"{concurrency} x {session_len}-token session{'s' if concurrency > 1 else ''}"
     if needed > free_bytes:
-        encoder = f" (vision encoder activations {gib(encoder_act)} included)" if tower else ""
-        return Shortfall(
-            needed,
-            free_bytes,
-            f"needs {gib(needed)} per GPU (weights {gib(weights)} + cuda_context {gib(fixed)} + runtime {gib(runtime)}"
-            f"{encoder} + KV {gib(target)} for {what} + margin {gib(MARGIN_BYTES)}), has {gib(free_bytes)}",
-        )
+        what = f"{concurrency} x {session_len}-token session{'s' if concurrency > 1 else ''}"
+        return _over_budget(needed, free_bytes, _Terms(weights, fixed, runtime, free_after, session_kv,
+                            _encoder(tower, tp, encoder_act)), target, what)  # fmt: skip
     if cache_ratio is not None:
-        kv = math.floor(cache_ratio * free_after)
-        missing = max(target - kv, runtime + MARGIN_BYTES - (free_after - kv))
-        if missing > 0:
-            return Shortfall(
-                free_bytes + missing,
-                free_bytes,
-                f"cache_max_entry_count {cache_ratio} gives KV {gib(kv)} (needs {gib(target)}) and leaves "
-                f"{gib(free_after - kv)} for runtime {gib(runtime)} + margin {gib(MARGIN_BYTES)}",
-            )
+        short = _set_ratio_short(cache_ratio, free_bytes, free_after, target, runtime)
+        if short is not None:
+            return short
         terms = _Terms(weights, fixed, runtime, free_after, session_kv, _encoder(tower, tp, encoder_act))
         return _tm_fit(gpu_indices, session_len, quant_policy, batch, cache_ratio, terms)
     ratio = _ratio(free_after, runtime, target, extra_kv)
     if max_batch_size is None:
         # More KV holds more full sessions: let the batch grow to them, re-fitting the runtime it needs.
-        sessions = math.floor(ratio * free_after) // session_kv
-        wanted = max(concurrency, min(TM_MAX_BATCH, sessions))
+        wanted = max(concurrency, min(TM_MAX_BATCH, math.floor(ratio * free_after) // session_kv))
         bigger = runtime_for(wanted)
         if free_after - bigger - MARGIN_BYTES >= target:
-            regrown = _ratio(free_after, bigger, target, extra_kv)
-            sessions = math.floor(regrown * free_after) // session_kv
+            sessions = math.floor(_ratio(free_after, bigger, target, extra_kv) * free_after) // session_kv
             batch = max(concurrency, min(wanted, sessions))
             runtime = runtime_for(batch)
             ratio = _ratio(free_after, runtime, target, extra_kv)
     terms = _Terms(weights, fixed, runtime, free_after, session_kv, _encoder(tower, tp, encoder_act))
     return _tm_fit(gpu_indices, session_len, quant_policy, batch, ratio, terms)
+
+
+def _over_budget(needed: int, free_bytes: int, terms: _Terms, target: int, what: str) -> Shortfall:
+    """Weights, context, runtime, the KV target and the margin together exceed a GPU's free memory."""
+    encoder = f" (vision encoder activations {gib(terms.encoder[1])} included)" if terms.encoder[1] else ""
+    return Shortfall(
+        needed,
+        free_bytes,
+        f"needs {gib(needed)} per GPU (weights {gib(terms.weights)} + cuda_context {gib(terms.fixed)} + runtime "
+        f"{gib(terms.runtime)}{encoder} + KV {gib(target)} for {what} + margin {gib(MARGIN_BYTES)}), has "
+        f"{gib(free_bytes)}",
+    )
+
+
+def _set_ratio_short(
+    cache_ratio: float, free_bytes: int, free_after: int, target: int, runtime: int
+) -> Shortfall | None:
+    """A configured cache_max_entry_count that leaves too little KV, or too little room beside it, or None."""
+    kv = math.floor(cache_ratio * free_after)
+    missing = max(target - kv, runtime + MARGIN_BYTES - (free_after - kv))
+    if missing <= 0:
+        return None
+    return Shortfall(
+        free_bytes + missing,
+        free_bytes,
+        f"cache_max_entry_count {cache_ratio} gives KV {gib(kv)} (needs {gib(target)}) and leaves "
+        f"{gib(free_after - kv)} for runtime {gib(runtime)} + margin {gib(MARGIN_BYTES)}",
+    )
 
 
 def _ratio(free_after: int, runtime: int, target: int, extra_kv: bool) -> float:
@@ -287,7 +301,6 @@ def fit_llamacpp(
     kv_element_bytes: float = 2.0,
     projector_bytes: int = 0,
 ) -> LlamaCppFit | Shortfall:
-    # long: the memory terms in the order they are spent, each named where it is computed.
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
     llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);
@@ -304,33 +317,19 @@ def fit_llamacpp(
     # With every layer offloaded the output head goes too; a tied head is a copy of the embedding there.
     output = source.output_bytes + (source.embedding_bytes if source.tied_embeddings else 0) if full else 0
     offloaded = need[first:]
-    per_gpu: dict[int, int] = {}
-    counts: dict[int, int] = {}
-    if offloaded:
-        overhead = LLAMACPP_CUDA_CONTEXT_BYTES + compute
-        order = sorted(budgets)
-        caps = [budgets[i] - overhead - (output if i == order[-1] else 0) for i in order]
-        caps[0] -= projector_bytes
-        split = _split_layers(offloaded, caps)
-        if split is None:
-            have = sum(budgets.values())
-            want = sum(offloaded) + len(order) * overhead + output + projector_bytes
-            on = "GPU " + ", ".join(map(str, order))
-            return Shortfall(
-                max(want, have + 1),
-                have,
-                f"{'all' if full else n_offload} layers on {on} need {gib(want)} (KV for {n_ctx_total} "
-                f"tokens and {gib(overhead)} per GPU included), have {gib(have)}",
-            )
-        start = 0
-        for index, count in zip(order, split, strict=True):
-            if count:
-                counts[index] = count
-                tail = output if index == order[-1] else 0
-                per_gpu[index] = sum(offloaded[start : start + count]) + overhead + tail
-            start += count
-        if projector_bytes:  # on the first GPU (with its context and buffers, should no layer land there)
-            per_gpu[order[0]] = per_gpu.get(order[0], overhead) + projector_bytes
+    overhead = LLAMACPP_CUDA_CONTEXT_BYTES + compute
+    placed = _offload(offloaded, budgets, overhead, output, projector_bytes) if offloaded else ({}, {})
+    if placed is None:
+        have = sum(budgets.values())
+        want = sum(offloaded) + len(budgets) * overhead + output + projector_bytes
+        on = "GPU " + ", ".join(map(str, sorted(budgets)))
+        return Shortfall(
+            max(want, have + 1),
+            have,
+            f"{'all' if full else n_offload} layers on {on} need {gib(want)} (KV for {n_ctx_total} "
+            f"tokens and {gib(overhead)} per GPU included), have {gib(have)}",
+        )
+    counts, per_gpu = placed
     n_gpus = len(per_gpu)
     host_compute = 0 if full else compute  # the CPU runs whatever is not offloaded
     host_weights = sum(source.layer_bytes[:first]) + source.embedding_bytes + (0 if full else source.output_bytes)
@@ -350,6 +349,31 @@ def fit_llamacpp(
             host_bytes=host_weights + sum(kv_layer[:first]) + host_compute + host_projector,
         ),
     )
+
+
+def _offload(
+    offloaded: list[int], budgets: dict[int, int], overhead: int, output: int, projector_bytes: int
+) -> tuple[dict[int, int], dict[int, int]] | None:
+    """The offloaded blocks split over the GPUs (the output head on the last, the projector on the first):
+    layers and bytes per GPU index, or None when they do not fit."""
+    order = sorted(budgets)
+    caps = [budgets[i] - overhead - (output if i == order[-1] else 0) for i in order]
+    caps[0] -= projector_bytes
+    split = _split_layers(offloaded, caps)
+    if split is None:
+        return None
+    counts: dict[int, int] = {}
+    per_gpu: dict[int, int] = {}
+    start = 0
+    for index, count in zip(order, split, strict=True):
+        if count:
+            counts[index] = count
+            tail = output if index == order[-1] else 0
+            per_gpu[index] = sum(offloaded[start : start + count]) + overhead + tail
+        start += count
+    if projector_bytes:  # on the first GPU (with its context and buffers, should no layer land there)
+        per_gpu[order[0]] = per_gpu.get(order[0], overhead) + projector_bytes
+    return counts, per_gpu
 
 
 def _split_layers(layers: list[int], caps: list[int]) -> list[int] | None:

@@ -120,9 +120,8 @@ def inspect_source(source: ModelSource, base_dir: Path) -> SourceInfo:
 # --- Hugging Face directories -------------------------------------------------------------------------
 
 
-def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") -> SourceInfo:
-    # long: one config.json field after another, with the fallbacks each architecture family needs.
-    """config.json for the shape, safetensors headers (all shards) for exact tensor sizes."""
+def _hf_config(path: Path) -> dict[str, Any]:
+    """An HF source directory's config.json, as a JSON object; a clear InspectionError otherwise."""
     if not path.exists():
         raise InspectionError(f"source not found: {path}")
     if not path.is_dir():
@@ -135,6 +134,12 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
         raise InspectionError(f"{path}/config.json: unreadable: {exc}") from None
     if not isinstance(config, dict):
         raise InspectionError(f"{path}/config.json: expected a JSON object")
+    return config
+
+
+def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") -> SourceInfo:
+    """config.json for the shape, safetensors headers (all shards) for exact tensor sizes."""
+    config = _hf_config(path)
     nested = config.get("text_config") or config.get("llm_config")  # InternVL's original layout: llm_config
     text: dict[str, Any] = nested if isinstance(nested, dict) else config
     shape = _hf_shape(config, text, path)

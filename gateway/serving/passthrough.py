@@ -79,7 +79,6 @@ async def relay_direct(
     yielded (the caller releases the slot there) and at the end, however it ends (it must be idempotent).
     Same contract as `relay_stream`: `[DONE]` on its own, and a body that ends early or breaks gives one
     error frame and `[DONE]`."""
-    # long: the per-chunk loop stays in one generator: every extra layer is paid per chunk (bench/relay_seam.py).
     reads = response.aiter_raw()
     quiet = _Quiet(line, keepalive_s)
     buffer = b""
@@ -90,7 +89,9 @@ async def relay_direct(
                 try:
                     chunk = await anext(reads)
                 except StopAsyncIteration:
-                    break
+                    if not buffer.strip():
+                        break
+                    chunk = b"\n\n"  # the body ended inside a frame: end the frame, relay it, then end
                 quiet.since = None
                 if line.held:
                     yield line.held
@@ -109,15 +110,6 @@ async def relay_direct(
                 if done:
                     stats.completed = True
                     await _drain(reads)
-                    await on_done()
-                    yield DONE_FRAME
-                    return
-            if buffer.strip():
-                out, done = _relay_run(buffer + b"\n\n", stats, include_usage)
-                if out:
-                    yield out
-                if done:
-                    stats.completed = True
                     await on_done()
                     yield DONE_FRAME
                     return

@@ -46,8 +46,15 @@ def _non_negative(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # long: flat, one declaration per flag, read top to bottom like --help.
+    """The worker's flags, in --help's order: what it serves and where, how it decodes, which task."""
     p = argparse.ArgumentParser(prog="python -m backends.llamacpp.worker", description=__doc__)
+    _serving_args(p)
+    _decoding_args(p)
+    _task_args(p)
+    return p
+
+
+def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, type=Path, help="GGUF file")
     p.add_argument("--model-name", required=True, help="the name clients use in `model`")
     p.add_argument(
@@ -61,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", required=True, type=_positive, help="context tokens per slot (per sequence)")
     p.add_argument("--slots", required=True, type=_positive, help="sequences decoded together")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to the GPU (-1 = all)")
+
+
+def _decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-threads",
         type=_positive,
@@ -105,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later prompt "
         "shares more with it than with any free slot (like llama-server's --cache-ram); 0 = off",
     )
+
+
+def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         choices=["generate", "embed", "rerank"],
@@ -123,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="embed: the model's vectors may be truncated, so requests may ask for `dimensions`",
     )
-    return p
 
 
 def _threads(args: argparse.Namespace) -> int:
