@@ -107,7 +107,8 @@ class Worker(Protocol):
 
     def connection_lost(self, cause: str) -> str:
         """What a client whose call to this worker broke is told (`cause`: the exception's name): a local
-        worker is restarted by its supervisor, a cluster worker's host is named with what happens next."""
+        worker is restarted by its supervisor, a remote endpoint is named, a cluster worker's host is named with
+        what happens next."""
         ...
 
 
