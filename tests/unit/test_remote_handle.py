@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,12 +20,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from backends.base import DeploymentPlan, EngineName
+from backends.remote import RemoteAdapter
+from gateway.app import _deployment
+from gateway.config import Config, ModelSpec
 from gateway.errors import GatewayError
 from gateway.lifecycle import policy
 from gateway.lifecycle.policy import CRASH_LIMIT, REMOTE, REMOTE_BACKOFF_MAX_S, Backoff, policy_for
 from gateway.lifecycle.remote import CHECK_TIMEOUT_S, RemoteHandle
 from gateway.lifecycle.supervisor import WorkerMachine
 from gateway.lifecycle.workers import WorkerHandle, WorkerStartError, WorkerState
+from gateway.ops.metrics import Metrics
 from tests.conftest import free_port
 
 CAP_S = 0.3
@@ -209,3 +215,16 @@ async def stops_everywhere(endpoint: Endpoint, client: httpx.AsyncClient) -> Non
     await asyncio.sleep(0.4)  # longer than every interval and backoff above
     assert endpoint.checks == checks  # nothing checks it any more
     await ready.stop()  # idempotent
+
+
+async def test_the_gateway_builds_a_remote_source_as_this_machine_under_the_remote_policy() -> None:
+    spec = ModelSpec.model_validate({"name": "r", "sources": [{"remote": "http://gpu-2:8000/v1"}]})
+    config = Config.model_validate({"gpus": "none", "models": [spec.model_dump(exclude_none=True)]})
+    plan = DeploymentPlan(model="r", engine=EngineName.REMOTE, source_path=Path("http://gpu-2:8000/v1"),
+                          model_format="remote", context_tokens=512, remote_url="http://gpu-2:8000")  # fmt: skip
+    async with httpx.AsyncClient() as client:
+        deployment = _deployment(plan, config.models[0], RemoteAdapter(), client, config, Metrics())
+    worker = deployment.worker
+    assert isinstance(worker, WorkerMachine) and isinstance(worker.handle, RemoteHandle)
+    assert worker.policy is REMOTE and deployment.policy is REMOTE
+    assert worker.handle.root_url == "http://gpu-2:8000" and worker.state is WorkerState.STOPPED
