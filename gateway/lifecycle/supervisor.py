@@ -228,9 +228,9 @@ class WorkerMachine:
         log.error("worker %s: %s", self.name, self.gave_up)
 
     def _loudness(self, level: int) -> int:
-        """`level`, or debug past a streak of `crash_limit` failures (only a policy that never gives up gets
-        there): a remote endpoint down for an hour logs its first failures, not one line every few seconds."""
-        return logging.DEBUG if self._streak >= self._crash_limit else level
+        """`level`, or debug past a streak of `crash_limit` failures under a policy that never gives up: a remote
+        endpoint down for an hour logs its first failures, not one line every few seconds."""
+        return logging.DEBUG if not self.policy.gives_up and self._streak >= self._crash_limit else level
 
     async def _terminate(self, grace_s: float) -> None:
         if self.handle.alive():
