@@ -28,10 +28,10 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response
 from gateway.lifecycle.policy import policy_for
 from gateway.lifecycle.process import WorkerProcess
-from gateway.lifecycle.remote import RemoteEndpoint
+from gateway.lifecycle.remote import RemoteHandle
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.supervisor import WorkerMachine
-from gateway.lifecycle.workers import Worker, WorkerState
+from gateway.lifecycle.workers import Worker, WorkerHandle, WorkerState
 from gateway.openapi import install_openapi
 from gateway.ops.auth import KeyStore
 from gateway.ops.live_speed import predictions_from_placement
@@ -209,14 +209,13 @@ def _deployment(
             on_worker_state(name, state)
 
     worker: Worker | None = cluster.worker_for(plan, on_state) if cluster is not None else None
-    if worker is not None:
-        pass  # on a cluster host (gateway.cluster.serve)
-    elif plan.remote_url is not None:
-        worker = RemoteEndpoint(plan.model, plan.remote_url, client=client, on_state=on_state)
-    else:
-        process = WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client)
+    if worker is None:  # else on a cluster host (gateway.cluster.serve)
+        handle: WorkerHandle = (
+            RemoteHandle(plan.model, plan.remote_url, client=client) if plan.remote_url is not None
+            else WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client)
+        )  # fmt: skip
         worker = WorkerMachine(
-            process, policy_for(spec.load, spec.idle_unload_s), on_state=on_state,
+            handle, policy_for(spec.load, spec.idle_unload_s, remote=plan.remote_url is not None), on_state=on_state,
             on_crash=lambda name, cause: metrics.worker_crashes.labels(name, cause).inc(),
         )  # fmt: skip
     metrics.set_worker_state(plan.model, plan.engine.value, WorkerState.STOPPED.value, states)

@@ -30,8 +30,8 @@ class Deployment:
 
     @property
     def policy(self) -> Policy:
-        """How this model lives (pinned or on demand): `gateway.lifecycle.policy`."""
-        return policy_for(self.load, self.idle_unload_s)
+        """How this model lives (pinned, on demand or a remote endpoint): `gateway.lifecycle.policy`."""
+        return policy_for(self.load, self.idle_unload_s, remote=self.plan.remote_url is not None)
 
     @property
     def capabilities(self) -> EngineCapabilities:

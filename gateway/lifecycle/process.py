@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from backends.base import LaunchSpec
-from gateway.lifecycle.workers import WorkerExit, WorkerStartError
+from gateway.lifecycle.workers import LOCAL_WORDING, WorkerExit, WorkerStartError
 
 __all__ = ["WorkerProcess", "exit_cause", "pick_free_port"]
 
@@ -62,6 +62,8 @@ def _set_parent_death_signal() -> None:
 
 class WorkerProcess:
     """One engine process at a time, launched from `spec_for_port` (the adapter's `LaunchSpec` for a port)."""
+
+    wording = LOCAL_WORDING
 
     def __init__(
         self, name: str, spec_for_port: Callable[[int], LaunchSpec], *, client: httpx.AsyncClient,

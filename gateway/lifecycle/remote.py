@@ -1,29 +1,53 @@
-"""RemoteEndpoint: a `gateway.lifecycle.workers.Worker` for an endpoint on another host, kept READY by health checks.
+"""RemoteHandle: the `gateway.lifecycle.workers.WorkerHandle` of an OpenAI endpoint on another host (a `remote`
+source), driven like any other worker by `gateway.lifecycle.supervisor.WorkerMachine` under
+`gateway.lifecycle.policy.REMOTE`.
 
-It owns no process; the registry, the service and /ready treat it like a local worker.
+Nothing is started or stopped here: `launch()` remembers the URL, healthy is `GET <root>/v1/models` answering
+200, and the worker ends when that check fails. The machine then restarts it (checks again) forever, never
+giving up, with the capped backoff that bounds how soon it is READY again (docs/lifecycle.md, "A remote
+endpoint").
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import httpx
 
-from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState
+from gateway.lifecycle.workers import Wording, WorkerExit, WorkerStartError
 
 log = logging.getLogger("voltgate.remote")
 
 HEALTH_INTERVAL_S = 5.0
+"""Between two checks while the endpoint answers."""
+POLL_INTERVAL_S = 0.5
+"""Between two checks while a start waits for an answer."""
+START_WINDOW_S = 1.0
+"""How long one start waits for an answer before it fails (and the backoff, then another start, follow)."""
+CHECK_TIMEOUT_S = 5.0
+"""One check's timeout."""
 
 
-class RemoteEndpoint:
-    """Polls `<root>/v1/models`; READY while it answers 200, FAILED (503 for requests) while it does not."""
+def remote_wording(root_url: str) -> Wording:
+    """What a model's 503s and broken calls say of its endpoint: never "loading" or "restarted"."""
+    return Wording(
+        loading=f"is waiting for its endpoint {root_url} to answer",
+        restarting=f"is waiting for its endpoint {root_url} to answer again",
+        unavailable=f"is unavailable: its endpoint {root_url} is not answering",
+        retried="is checked again every few seconds",
+        lost=f"the connection to its endpoint {root_url} was lost",
+        lost_next="",
+    )
 
-    headers = NO_HEADERS
+
+class RemoteHandle:
+    """Health checks of one remote endpoint, as a `WorkerHandle`; it keeps no lifecycle state."""
+
+    pid: int | None = None  # nothing runs on this host
 
     def __init__(
         self,
@@ -31,90 +55,79 @@ class RemoteEndpoint:
         root_url: str,
         *,
         client: httpx.AsyncClient,
-        on_state: Callable[[str, WorkerState], None] | None = None,
         interval_s: float = HEALTH_INTERVAL_S,
+        poll_s: float = POLL_INTERVAL_S,
+        start_window_s: float = START_WINDOW_S,
     ) -> None:
         self.name = name
         self.root_url = root_url.rstrip("/")
+        self.wording = remote_wording(self.root_url)
         self._client = client
-        self._on_state = on_state
         self._interval_s = interval_s
-        self.state = WorkerState.STOPPED
-        self.restarts = 0
-        self.last_error: str | None = None
-        self.pid: int | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
+        self._poll_s = poll_s
+        self._start_window_s = start_window_s
+        self._launched = False
+        self._ended = asyncio.Event()  # the endpoint stopped answering, or `terminate()`
+        self._errors: collections.deque[str] = collections.deque(maxlen=8)
 
-    def start(self, *, retry: bool = False) -> None:
-        del retry  # a remote endpoint is health-checked until it answers; it never gives up
-        if self._task is None or self._task.done():
-            self._set_state(WorkerState.STARTING)
-            self._task = asyncio.create_task(self._watch(), name=f"remote:{self.name}")
+    def url(self) -> str | None:
+        return self.root_url if self._launched else None
 
-    async def wait_ready(self, timeout_s: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+    def alive(self) -> bool:
+        return self._launched and not self._ended.is_set()
 
-    async def ensure_ready(self, timeout_s: float | None = None, *, retry: bool = False) -> None:
-        self.start(retry=retry)
-        if not await self.wait_ready(timeout_s):
-            raise WorkerStartError(f"endpoint {self.root_url} not answering: {self.last_error or 'no answer yet'}")
+    def log_lines(self) -> Sequence[str]:
+        """The last failed checks (there is no log of another host's process to quote)."""
+        return list(self._errors)
 
-    async def await_ready(self, timeout_s: float | None = None) -> None:
-        if not await self.wait_ready(timeout_s):
-            raise WorkerStartError(f"endpoint {self.root_url} not answering: {self.last_error or 'no answer yet'}")
+    async def launch(self) -> None:
+        self._launched = True
+        self._ended = asyncio.Event()
 
-    def note_success(self) -> None:
-        """Health checks, not requests, decide a remote endpoint's state."""
-
-    def connection_lost(self, cause: str) -> str:
-        return f"model {self.name!r}: the connection to its endpoint {self.root_url} was lost ({cause})"
-
-    def base_url(self) -> str:
-        if self.state is WorkerState.READY:
-            return self.root_url
-        detail = f": {self.last_error}" if self.last_error else ""
-        raise GatewayError(
-            ErrorCode.WORKER_UNAVAILABLE,
-            f"model {self.name!r}: its endpoint is not answering{detail}",
-            retry_after_s=10,
-        )
-
-    async def stop(self, grace_s: float = 0.0) -> None:
-        del grace_s
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._set_state(WorkerState.STOPPED)
-
-    def _set_state(self, state: WorkerState) -> None:
-        if state is self.state:
-            return
-        self.state = state
-        if state is WorkerState.READY:
-            self._ready.set()
-        else:
-            self._ready.clear()
-        log.info("remote %s (%s): %s", self.name, self.root_url, state.value)
-        if self._on_state is not None:
-            self._on_state(self.name, state)
-
-    async def _watch(self) -> None:
+    async def wait_healthy(self) -> None:
+        """Check every `poll_s` until it answers 200; `WorkerStartError` naming the endpoint and the last error
+        when it has not within `start_window_s`."""
+        deadline = asyncio.get_running_loop().time() + self._start_window_s
         while True:
-            try:
-                response = await self._client.get(self.root_url + "/v1/models", timeout=5.0)
-                healthy = response.status_code == 200
-                self.last_error = None if healthy else f"GET /v1/models answered {response.status_code}"
-            except httpx.HTTPError as exc:
-                healthy, self.last_error = False, f"{type(exc).__name__}: {exc}"
-            if healthy:
-                self._set_state(WorkerState.READY)
-            elif self.state is WorkerState.READY:
-                self.restarts += 1
-                self._set_state(WorkerState.FAILED)
-            await asyncio.sleep(self._interval_s if healthy else min(self._interval_s, 1.0))
+            failed = await self._check()
+            if failed is None:
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                self._ended.set()
+                raise WorkerStartError(f"its endpoint {self.root_url} is not answering: {failed.message}", failed.cause)
+            await asyncio.sleep(self._poll_s)
+
+    async def wait_exit(self) -> WorkerExit:
+        """Check every `interval_s` while it answers; return when a check fails (or on `terminate()`)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), self._interval_s)
+            if self._ended.is_set():
+                return WorkerExit("terminated", f"the checks of its endpoint {self.root_url} were stopped")
+            failed = await self._check()
+            if failed is not None:
+                self._ended.set()
+                message = f"its endpoint {self.root_url} stopped answering: {failed.message}"
+                log.warning("remote %s: %s", self.name, message)
+                return WorkerExit(failed.cause, message)
+
+    async def terminate(self, grace_s: float) -> None:
+        """Stop checking; nothing else to end on another host."""
+        del grace_s
+        self._ended.set()
+        self._launched = False
+
+    async def _check(self) -> WorkerExit | None:
+        """One `GET <root>/v1/models`: None when it answers 200, else what went wrong (`unreachable`: no answer,
+        `unhealthy`: another status)."""
+        try:
+            response = await self._client.get(self.root_url + "/v1/models", timeout=CHECK_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            failed = WorkerExit("unreachable", f"GET /v1/models: {detail}")
+        else:
+            if response.status_code == 200:
+                return None
+            failed = WorkerExit("unhealthy", f"GET /v1/models answered {response.status_code}")
+        self._errors.append(failed.message)
+        return failed

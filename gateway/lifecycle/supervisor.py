@@ -1,9 +1,11 @@
-"""WorkerMachine: a model's worker states over a `WorkerHandle`, for pinned and on-demand models alike.
+"""WorkerMachine: a model's worker states over a `WorkerHandle`, for pinned, on-demand and remote models alike.
 
 The states, the transitions and the crash-loop rule are drawn in docs/lifecycle.md ("States", "Backoff and
 crash loops"); the race semantics of every method are those of `gateway.lifecycle.workers.Worker`. What
-differs between a pinned and an on-demand model is one value of its `Policy`: `restarts` (after a failure,
-start again by itself once the `Backoff` ends; otherwise stay FAILED until the next `start()`).
+differs between a pinned, an on-demand and a remote model are values of its `Policy`: `restarts` (after a
+failure, start again by itself once the `Backoff` ends; otherwise stay FAILED until the next `start()`),
+`gives_up` (stop after a crash loop, or restart forever) and `backoff_max_s`. What a 503 calls the worker is
+its handle's `Wording`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class WorkerMachine:
         self.restarts = 0
         self.last_error: str | None = None
         self.gave_up: str | None = None  # why the worker is no longer started (a crash loop)
-        self.backoff = Backoff(healthy_reset_s)
+        self.backoff = Backoff(healthy_reset_s, policy.backoff_max_s)
         self._streak = 0  # failures since the last request served
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -99,7 +101,7 @@ class WorkerMachine:
         await self._await(self._failures, timeout_s)
 
     def connection_lost(self, cause: str) -> str:
-        return restarted_message(self.name, cause)
+        return restarted_message(self.name, cause, self.handle.wording)
 
     def base_url(self) -> str:
         """The worker's URL when READY; otherwise a 503 with Retry-After saying why."""
@@ -112,9 +114,10 @@ class WorkerMachine:
             raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is failed: {self.gave_up}")
         retry = max(1.0, self.backoff.left_s() + 5.0) if self.backoff.waiting() else 5.0
         detail = f" (last error: {self.last_error})" if self.last_error and self.state is WorkerState.FAILED else ""
-        verb = "is loading" if self.state is WorkerState.STARTING and self.restarts == 0 else "is restarting"
+        words = self.handle.wording
+        verb = words.loading if self.state is WorkerState.STARTING and self.restarts == 0 else words.restarting
         if self.state is WorkerState.FAILED:
-            verb = "is unavailable" + (" and will be restarted" if self.policy.restarts else "")
+            verb = words.unavailable + (f" and {words.retried}" if self.policy.restarts else "")
         elif self.state is WorkerState.STOPPED:
             verb = "is waiting to start"  # e.g. a pinned GPU model whose turn at boot has not come
         raise GatewayError(
@@ -160,7 +163,8 @@ class WorkerMachine:
             self._failures += 1
         self._changed.set()
         self._changed = asyncio.Event()
-        log.info("worker %s: %s", self.name, state.value)
+        log.log(self._loudness(logging.INFO) if state is not WorkerState.READY else logging.INFO,
+                "worker %s: %s", self.name, state.value)  # fmt: skip
         if self._on_state is not None:
             self._on_state(self.name, state)
 
@@ -182,7 +186,7 @@ class WorkerMachine:
                 cause, self.last_error = ended.cause, ended.message
             except WorkerStartError as exc:
                 cause, self.last_error = exc.cause, str(exc)
-                log.error("worker %s failed to start: %s", self.name, exc)
+                log.log(self._loudness(logging.ERROR), "worker %s failed to start: %s", self.name, exc)
             await self._terminate(grace_s=2.0)
             if self._stopping:
                 return
@@ -194,7 +198,7 @@ class WorkerMachine:
             self._set_state(WorkerState.FAILED)
             if not self.policy.restarts or self.gave_up is not None:
                 return
-            log.warning("worker %s: restarting in %.0f s", self.name, delay)
+            log.log(self._loudness(logging.WARNING), "worker %s: restarting in %.0f s", self.name, delay)
             await asyncio.sleep(delay)
             self.restarts += 1
 
@@ -205,6 +209,14 @@ class WorkerMachine:
             self._on_crash(self.name, cause)
         if self._streak < self._crash_limit:
             return
+        if not self.policy.gives_up:  # restarted forever: say so once per streak, then quietly
+            if self._streak == self._crash_limit:
+                log.warning(
+                    "worker %s: %d failures in a row (%s); it is retried every %.0f s at most until it serves, "
+                    "further failures are logged at debug level", self.name, self._streak, cause,
+                    self.backoff.max_s,
+                )  # fmt: skip
+            return
         native = cause.startswith("SIG") and cause not in ("SIGTERM", "SIGKILL", "SIGINT")
         hint = NATIVE_CRASH_HINT if native else "see the worker's log lines above"
         self.gave_up = (
@@ -214,6 +226,11 @@ class WorkerMachine:
         )
         self.last_error = self.gave_up  # what /ready, /v1/models and /v1/placement show
         log.error("worker %s: %s", self.name, self.gave_up)
+
+    def _loudness(self, level: int) -> int:
+        """`level`, or debug past a streak of `crash_limit` failures under a policy that never gives up: a remote
+        endpoint down for an hour logs its first failures, not one line every few seconds."""
+        return logging.DEBUG if not self.policy.gives_up and self._streak >= self._crash_limit else level
 
     async def _terminate(self, grace_s: float) -> None:
         if self.handle.alive():

@@ -2,9 +2,10 @@
 `WorkerHandle`, what the lifecycle drives to run one (docs/lifecycle.md: states, transitions, races).
 
 `Worker` is implemented by `gateway.lifecycle.supervisor.WorkerMachine` (a model's state machine over a
-`WorkerHandle`: local processes today, a worker on another host next), `gateway.lifecycle.remote.RemoteEndpoint`
-(an OpenAI endpoint on another host, health-checked) and the test double `tests.fakes.asgi_worker.FakeWorker`.
-`WorkerHandle` is implemented by `gateway.lifecycle.process.WorkerProcess` (a local engine process).
+`WorkerHandle`), `gateway.cluster.host_worker.HostWorker` (a mirror of a cluster host's own machine) and the test
+double `tests.fakes.asgi_worker.FakeWorker`. `WorkerHandle` is implemented by
+`gateway.lifecycle.process.WorkerProcess` (a local engine process) and `gateway.lifecycle.remote.RemoteHandle`
+(an OpenAI endpoint on another host: nothing to start, health-checked).
 
 Race semantics of `Worker`, as llama-swap documents its `Process`:
 * `base_url()` decides inside the state machine: callers never read `state` to decide whether to send.
@@ -17,7 +18,8 @@ Race semantics of `Worker`, as llama-swap documents its `Process`:
 * `await_ready()` waits for the outcome of a start already under way (a pinned model booting or being
   restarted) without starting one: a request that arrives then waits instead of a 503.
 * `note_success()` marks a served request: a worker that crashes `CRASH_LIMIT` times in a row with none
-  served between gives up (FAILED with the cause) instead of restarting forever.
+  served between gives up (FAILED with the cause) instead of restarting forever, unless its policy never
+  gives up (a remote endpoint).
 * `ensure_ready()` is llama-swap's EnsureReady: it starts the worker if it is not running and waits for
   the outcome of that start (READY, or the failure with its reason, or the timeout), deciding inside the
   state machine: READY returns at once, a start in progress is joined, a stop in progress is not (it
@@ -105,7 +107,8 @@ class Worker(Protocol):
 
     def connection_lost(self, cause: str) -> str:
         """What a client whose call to this worker broke is told (`cause`: the exception's name): a local
-        worker is restarted by its supervisor, a cluster worker's host is named with what happens next."""
+        worker is restarted by its supervisor, a remote endpoint is named, a cluster worker's host is named with
+        what happens next."""
         ...
 
 
@@ -116,6 +119,33 @@ class WorkerExit:
 
     cause: str
     message: str
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How the 503s and the broken calls of a model speak of its worker (`WorkerHandle.wording`): the sentences
+    are `WorkerMachine`'s, the words the handle's, so a remote endpoint is never said to be "loading".
+
+    `loading`/`restarting`: a first/later start under way; `unavailable`: FAILED; `retried`: what happens next
+    under a policy that restarts; `lost` and `lost_next`: a call that broke, "model 'm': {lost} (cause){lost_next}"."""
+
+    loading: str
+    restarting: str
+    unavailable: str
+    retried: str
+    lost: str
+    lost_next: str
+
+
+LOCAL_WORDING = Wording(
+    loading="is loading",
+    restarting="is restarting",
+    unavailable="is unavailable",
+    retried="will be restarted",
+    lost="worker connection lost",
+    lost_next="; it is being restarted",
+)
+"""A worker process the gateway starts (`gateway.lifecycle.process.WorkerProcess`)."""
 
 
 class WorkerHandle(Protocol):
@@ -132,6 +162,11 @@ class WorkerHandle(Protocol):
     @property
     def pid(self) -> int | None:
         """The local process group to measure memory from; None while nothing runs or on another host."""
+        ...
+
+    @property
+    def wording(self) -> Wording:
+        """How a model's 503s and broken calls name this worker (`LOCAL_WORDING` for a local process)."""
         ...
 
     async def launch(self) -> None:
@@ -167,6 +202,6 @@ class WorkerHandle(Protocol):
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-def restarted_message(model: str, cause: str) -> str:
-    """`Worker.connection_lost` of a supervised local worker."""
-    return f"model {model!r}: worker connection lost ({cause}); it is being restarted"
+def restarted_message(model: str, cause: str, wording: Wording = LOCAL_WORDING) -> str:
+    """`Worker.connection_lost` of a supervised worker (a local one unless `wording` says otherwise)."""
+    return f"model {model!r}: {wording.lost} ({cause}){wording.lost_next}"

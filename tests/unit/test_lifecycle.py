@@ -13,12 +13,14 @@ from gateway.errors import GatewayError
 from gateway.lifecycle import policy
 from gateway.lifecycle.policy import PINNED, Backoff, policy_for
 from gateway.lifecycle.supervisor import WorkerMachine
-from gateway.lifecycle.workers import WorkerExit, WorkerHandle, WorkerStartError, WorkerState
+from gateway.lifecycle.workers import LOCAL_WORDING, WorkerExit, WorkerHandle, WorkerStartError, WorkerState
 
 
 class FakeHandle:
     """Stands for `gateway.lifecycle.process.WorkerProcess` (or a remote host's worker): each launch is
     healthy unless `fail_starts` says otherwise; `crash()` ends the running worker by itself."""
+
+    wording = LOCAL_WORDING
 
     def __init__(self, fail_starts: int = 0) -> None:
         self.name = "m"
