@@ -51,10 +51,15 @@ def _rotated(targets: Sequence[Target], round_index: int) -> list[Target]:
 
 
 async def interleaved_ttft(
-    spec: LoadSpec, targets: Sequence[Target], *, rounds: int, gap_s: float = 0.0
+    spec: LoadSpec, targets: Sequence[Target], *, rounds: int, gap_s: float = 0.0, lead: int = 0
 ) -> dict[str, Any]:
     """One request at a time, alternating paths every request so drift hits all paths alike.
 
+    `lead` unrecorded requests to the same path go right before each recorded one, so that back to back a
+    recorded request follows one of its own path, as a client's next request does. Without them the rotation
+    fixes who comes before whom in most rounds: the floor follows `direct` (whose work ran on another CPU),
+    the gateway follows the floor, and the tail of the floor's response (on the relays' CPU) is charged to
+    the gateway's first token.
     Every request has its own prompt (a worker's prefix cache must not favour whichever path comes second).
     `added_ttft_ms_p50` is median(path) - median(direct); `added_ttft_ms_paired_p50` the median of the
     per-round differences, which cancels slow drift.
@@ -67,9 +72,13 @@ async def interleaved_ttft(
             index += 1
         for r in range(rounds):
             for t in _rotated(targets, r):
+                path = dataclasses.replace(spec, base_url=t.base_url)
+                for _ in range(lead):
+                    await send_one(client, path, index, 0.0)
+                    index += 1
                 if gap_s:
                     await asyncio.sleep(gap_s)  # an idle client between requests (timers, caches, pools go cold)
-                rec = await send_one(client, dataclasses.replace(spec, base_url=t.base_url), index, 0.0)
+                rec = await send_one(client, path, index, 0.0)
                 index += 1
                 records[t.label].append(rec)
     ms = {

@@ -6,8 +6,9 @@ Paths to one `bench.zero_upstream` (instant chunks), hit by the same load in rot
   gateway  `voltgate serve` (this checkout), API-key auth and metrics on
   before   optional (`--before DIR`): the gateway of another checkout (e.g. `git archive` of an older commit)
 Reported: relay CPU seconds per 1,000 chunks at 1 / 16 / 64 streams (and requests/s), each relay's ratio to
-the floor's; added time to first token at one stream back to back and with 200 ms between requests (paired
-medians vs direct, and the difference to the floor's). Pinning: upstream, load generator and the relays under
+the floor's; added time to first token at one stream back to back (each recorded request right after one to
+the same path; `back_to_back_after_others`: right after another path's, the definition before session 10)
+and with 200 ms between requests (paired medians vs direct, and the difference to the floor's). Pinning: upstream, load generator and the relays under
 test each on their own CPU with 4 or more (with 2, as `bench.overhead`: upstream and load generator on the
 first, the relays on the second); the relays take turns on their CPU, they never run at once.
 """
@@ -92,7 +93,10 @@ def run(
             targets.append(Target("before", old.base_url, old.pid))
         spec = LoadSpec(base_url="", model="zero", prompt_tokens=64, output_tokens=16, api_key=launch.BENCH_API_KEY)
         ttft = {
-            "back_to_back": asyncio.run(interleaved_ttft(spec, targets, rounds=rounds)),
+            # each recorded request follows one of its own path, as a client's next request does
+            "back_to_back": asyncio.run(interleaved_ttft(spec, targets, rounds=rounds, lead=1)),
+            # the definition before session 10: follows another path's request (the rotation decides which)
+            "back_to_back_after_others": asyncio.run(interleaved_ttft(spec, targets, rounds=rounds)),
             "gap_200ms": asyncio.run(interleaved_ttft(spec, targets, rounds=max(rounds // 4, 10), gap_s=0.2)),
         }
         spec = dataclasses.replace(spec, output_tokens=CHUNKS)
