@@ -8,9 +8,10 @@ Paths to one `bench.zero_upstream` (instant chunks), hit by the same load in rot
 Reported: relay CPU seconds per 1,000 chunks at 1 / 16 / 64 streams (and requests/s), each relay's ratio to
 the floor's; added time to first token at one stream back to back (each recorded request right after one to
 the same path; `back_to_back_after_others`: right after another path's, the definition before session 10)
-and with 200 ms between requests (paired medians vs direct, and the difference to the floor's). Pinning: upstream, load generator and the relays under
-test each on their own CPU with 4 or more (with 2, as `bench.overhead`: upstream and load generator on the
-first, the relays on the second); the relays take turns on their CPU, they never run at once.
+and with 200 ms between requests (paired medians vs direct, and the difference to the floor's). Pinning:
+upstream, load generator and the relays under test each on their own CPU with 4 or more (with 2, as
+`bench.overhead`: upstream and load generator on the first, the relays on the second); the relays take turns
+on their CPU, they never run at once.
 """
 
 from __future__ import annotations
