@@ -41,8 +41,9 @@ string, or a stop token's id); None when the answer ended otherwise or the engin
 
 
 class _Matched(_Out):
-    """A choice's matched stop, read from vLLM's and SGLang's extensions; never rendered (`exclude`): chat
-    clients get OpenAI's fields only, the Messages API reports it as `stop_sequence`."""
+    """A choice's matched stop, read from vLLM's and SGLang's extensions and left out of every dump (`exclude`):
+    a non-streamed chat body has OpenAI's fields only (a chat stream is relayed as the engine sent it); the
+    Messages API reports the string as `stop_sequence`."""
 
     stop_reason: StopMatch = Field(default=None, exclude=True, description="the stop matched (vLLM's extension)")
     matched_stop: StopMatch = Field(default=None, exclude=True, description="the stop matched (SGLang's extension)")
