@@ -1,14 +1,16 @@
 """Response bodies the gateway emits, with OpenAI's exact field names and required fields.
 
 Non-streaming answers from any engine are parsed into these models and re-emitted, so clients see one
-shape whichever engine served them (e.g. `refusal` on messages, exact `usage`).
+shape whichever engine served them (e.g. `refusal` on messages, exact `usage`). A non-streamed chat answer is
+parsed once into `ChatCompletion`, which each API renders: chat clients get `ChatCompletion.wire()`, Messages
+and Responses clients their translator's rendering of the same typed object (`gateway.translate`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
@@ -21,7 +23,35 @@ class CompletionUsage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: dict[str, Any] | None = None
+    prompt_tokens_details: dict[str, Any] | None = None  # relayed to chat clients as the engine sent it
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens served from the engine's prefix cache (0 when it does not say)."""
+        return int((self.prompt_tokens_details or {}).get("cached_tokens") or 0)
+
+
+def _stop_match(value: object) -> object:
+    return value if isinstance(value, str | int) else None  # an engine's other value says nothing we can use
+
+
+StopMatch = Annotated[str | int | None, BeforeValidator(_stop_match)]
+"""The stop an OpenAI-compatible peer says it matched: vLLM's `stop_reason`, SGLang's `matched_stop` (the stop
+string, or a stop token's id); None when the answer ended otherwise or the engine does not say."""
+
+
+class _Matched(_Out):
+    """A choice's matched stop, read from vLLM's and SGLang's extensions and left out of every dump (`exclude`):
+    a non-streamed chat body has OpenAI's fields only (a chat stream is relayed as the engine sent it); the
+    Messages API reports the string as `stop_sequence`."""
+
+    stop_reason: StopMatch = Field(default=None, exclude=True, description="the stop matched (vLLM's extension)")
+    matched_stop: StopMatch = Field(default=None, exclude=True, description="the stop matched (SGLang's extension)")
+
+    @property
+    def matched(self) -> str | int | None:
+        """The stop string an upstream says it matched, when it says so."""
+        return self.stop_reason or self.matched_stop
 
 
 class FunctionCall(_Out):
@@ -42,7 +72,7 @@ class ChatCompletionMessage(_Out):
     tool_calls: list[ToolCall] | None = None
 
 
-class ChatChoice(_Out):
+class ChatChoice(_Matched):
     index: int = 0
     message: ChatCompletionMessage
     logprobs: dict[str, Any] | None = None
@@ -56,6 +86,12 @@ class ChatCompletion(_Out):
     model: str
     choices: list[ChatChoice]
     usage: CompletionUsage | None = None
+
+    @property
+    def choice(self) -> ChatChoice:
+        """The first choice, which the translated APIs render (they ask for one); an empty message ending
+        "stop" when the engine sent none."""
+        return self.choices[0] if self.choices else ChatChoice(message=ChatCompletionMessage())
 
     def wire(self) -> dict[str, Any]:
         """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent."""
@@ -90,18 +126,11 @@ class ChunkDelta(_Out):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChunkChoice(_Out):
+class ChunkChoice(_Matched):
     index: int = 0
     delta: ChunkDelta = ChunkDelta()
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
-    stop_reason: str | int | None = Field(default=None, description="the stop string matched (vLLM's extension)")
-    matched_stop: str | int | None = Field(default=None, description="the stop string matched (SGLang's extension)")
-
-    @property
-    def matched(self) -> str | int | None:
-        """The stop string an upstream says it matched, when it says so."""
-        return self.stop_reason or self.matched_stop
 
 
 class ChatCompletionChunk(_Out):

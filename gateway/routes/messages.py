@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.responses import ChatCompletion
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, model_hint, render
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
@@ -55,10 +56,10 @@ async def _submit(
     request: Request,
     api: str,
     parse: Callable[[bytes], R],
-    render: Callable[[R, dict[str, Any]], dict[str, Any]],
+    render: Callable[[R, ChatCompletion], dict[str, Any]],
 ) -> tuple[R, UnaryResult | StreamSession]:
-    """begin → parse → translate (the typed chat request) → the service, which passes a non-streamed answer
-    through `render` before accounting it; a refusal before the service is accounted here, the service
+    """begin → parse → translate (the typed chat request) → the service, which passes the typed non-streamed
+    answer through `render` before accounting it; a refusal before the service is accounted here, the service
     accounts its own."""
     app, ctx, raw = await begin(request, RequestKind.CHAT, api=api)
     try:
@@ -81,12 +82,12 @@ def _parse_count(raw: bytes) -> CountTokensRequest:
     return parse_body(raw, CountTokensRequest, dotted=True)
 
 
-def _render_message(req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:
+def _render_message(req: MessagesRequest, chat: ChatCompletion) -> dict[str, Any]:
     return messages.to_message(chat, req, message_id=new_id("msg"))
 
 
-def _render_count(_req: CountTokensRequest, chat: dict[str, Any]) -> dict[str, Any]:
-    return {"input_tokens": messages.prompt_tokens(chat.get("usage"))}
+def _render_count(_req: CountTokensRequest, chat: ChatCompletion) -> dict[str, Any]:
+    return {"input_tokens": messages.prompt_tokens(chat.usage)}
 
 
 @router.post("/v1/messages", include_in_schema=False)

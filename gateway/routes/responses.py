@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.ops.store import NotFound, ResponseStore
+from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
@@ -61,8 +62,8 @@ class _Turn:
         if self.req.stores:
             await self.store.put(response, responses.stored_input(self.req), self.owner)
 
-    def render(self, chat: dict[str, Any]) -> dict[str, Any]:
-        """The Response for a non-streamed chat completion (the service accounts the request after this)."""
+    def render(self, chat: ChatCompletion) -> dict[str, Any]:
+        """The Response for the typed non-streamed chat answer (the service accounts the request after this)."""
         return responses.to_response(
             chat, self.req, response_id=self.response_id, created_at=self.created_at, completed_at=int(time.time())
         )

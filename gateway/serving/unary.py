@@ -4,7 +4,9 @@ UnaryCall.run(disconnected, translate)
   ├─ scope.schedule(...)                       load, then admit, then call (the one order)
   ├─ Upstream.post(request)                    the worker's JSON answer | GatewayError
   ├─ the client goes away first                the call is cancelled (the worker aborts), 499
-  ├─ normalise by kind, then `translate`       a translated API's rendering (Messages, Responses)
+  ├─ read by kind, then rendered               a chat answer once into `ChatCompletion`, rendered by its API:
+  │                                             `ChatCompletion.wire` for chat, `translate` for Messages and
+  │                                             Responses; the other kinds' answers read and rendered as before
   └─ scope.finish(...)                         exactly once, with the final status
 """
 
@@ -26,32 +28,69 @@ from gateway.serving.upstream import Upstream
 
 @dataclass(frozen=True)
 class UnaryResult:
-    """A non-streamed answer: the normalised body, or `body=None` with 499 when the client went away."""
+    """A non-streamed answer: the rendered body, or `body=None` with 499 when the client went away."""
 
     body: dict[str, Any] | None
     status: int = 200
 
 
-Translate = Callable[[dict[str, Any]], dict[str, Any]]
-"""An API translation layer's rendering of a non-streamed chat answer; raises `GatewayError` when it cannot."""
+Tokens = tuple[int, int]
+"""A request's (prompt, completion) token counts, as accounted."""
+
+Translate = Callable[[ChatCompletion], dict[str, Any]]
+"""An API's rendering of the typed non-streamed chat answer (`ChatCompletion.wire` for chat clients,
+`translate.messages.to_message`, `translate.responses.to_response`); raises `GatewayError` when it cannot."""
 
 _SHAPES: dict[RequestKind, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    RequestKind.CHAT: lambda data: ChatCompletion.model_validate(data).wire(),
     RequestKind.COMPLETION: lambda data: Completion.model_validate(data).model_dump(mode="json"),
     RequestKind.RERANK: lambda data: RerankResponse.model_validate(data).render(),
 }
-"""Each kind's answer read into its response type and rendered (an embeddings answer is relayed as it is)."""
+"""The other kinds' answers read into their response type and rendered (an embeddings answer is relayed as
+it is)."""
+
+
+def _mismatch(exc: ValueError) -> GatewayError:
+    return GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}")
+
+
+def read_chat(data: dict[str, Any]) -> ChatCompletion:
+    """The worker's chat answer, read once into the typed answer that every API renders."""
+    try:
+        return ChatCompletion.model_validate(data)
+    except ValueError as exc:
+        raise _mismatch(exc) from None
 
 
 def normalize(kind: RequestKind, data: dict[str, Any]) -> dict[str, Any]:
-    """One response shape whichever engine answered (required fields filled, extras dropped)."""
+    """One response shape whichever engine answered (required fields filled, extras dropped), for the kinds
+    other than chat."""
     shape = _SHAPES.get(kind)
     if shape is None:
         return data
     try:
         return shape(data)
     except ValueError as exc:
-        raise GatewayError(ErrorCode.UPSTREAM_ERROR, f"worker response does not match the API: {exc}") from None
+        raise _mismatch(exc) from None
+
+
+def read(kind: RequestKind, data: dict[str, Any]) -> tuple[ChatCompletion | dict[str, Any], Tokens]:
+    """The worker's answer read by kind, with its (prompt, completion) token counts: a chat answer once into
+    the typed `ChatCompletion`, the other kinds normalised into their rendered body."""
+    if kind is RequestKind.CHAT:
+        chat = read_chat(data)
+        usage = chat.usage
+        return chat, (usage.prompt_tokens, usage.completion_tokens) if usage is not None else (0, 0)
+    body = normalize(kind, data)
+    counts = body.get("usage") or {}
+    return body, (int(counts.get("prompt_tokens", 0)), int(counts.get("completion_tokens", 0)))
+
+
+def rendered(answer: ChatCompletion | dict[str, Any], translate: Translate | None) -> dict[str, Any]:
+    """The body the client gets: a chat answer rendered by its API (`translate`, or `ChatCompletion.wire` for
+    chat clients), another kind's as it was normalised."""
+    if isinstance(answer, ChatCompletion):
+        return (translate or ChatCompletion.wire)(answer)
+    return answer
 
 
 class UnaryCall:
@@ -71,7 +110,9 @@ class UnaryCall:
     async def run(self, disconnected: Callable[[], Awaitable[None]], translate: Translate | None) -> UnaryResult:
         """The answer (passed through `translate` before it is accounted, so a rendering that fails is counted
         with its error's status), or 499 when `disconnected` returns first; accounted exactly once."""
-        status, tokens, error = 500, None, None
+        status: int = 500
+        tokens: Tokens | None = None
+        error: GatewayError | None = None
         try:
             call = asyncio.ensure_future(self._call())
             gone = asyncio.ensure_future(disconnected())
@@ -88,11 +129,8 @@ class UnaryCall:
                     await call
                 status = CLIENT_GONE
                 return UnaryResult(None, CLIENT_GONE)
-            payload = normalize(self.scope.ctx.kind, call.result())
-            usage = payload.get("usage") or {}
-            tokens = (int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
-            if translate is not None:
-                payload = translate(payload)
+            answer, tokens = read(self.scope.ctx.kind, call.result())
+            payload = rendered(answer, translate)  # counted with its tokens even when the rendering fails
             status = 200
             return UnaryResult(payload)
         except GatewayError as exc:

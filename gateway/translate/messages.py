@@ -49,6 +49,7 @@ from gateway.protocol.chat_messages import (
     UserMessage,
 )
 from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
+from gateway.protocol.responses import ChatChoice, ChatCompletion, CompletionUsage
 from gateway.protocol.tagged import Refused
 from gateway.serving.engine_requests import EngineTarget
 from gateway.translate.params import MESSAGES, located, translated
@@ -270,15 +271,16 @@ def tool_input(name: str, arguments: str) -> dict[str, Any]:
 
 
 def stop_reason(
-    finish_reason: str | None, *, tool_calls: bool, matched: Any, stop_sequences: list[str] | None
+    finish_reason: str | None, *, tool_calls: bool, matched: str | int | None, stop_sequences: list[str] | None
 ) -> tuple[str, str | None]:
     """Anthropic's (stop_reason, stop_sequence) for a chat finish.
 
     The chat path reports a matched stop string and a natural end alike as "stop", and engines strip the
     matched string from the text, so the two cannot be told apart from the text. `stop_sequence` is
-    reported only when the upstream names the string it matched (`stop_reason`, as vLLM sends it, or
-    `matched_stop`, as SGLang does) and it is one of the request's `stop_sequences`; otherwise "stop" is
-    `end_turn`, which may under-report a stop-sequence match.
+    reported only when the upstream names the string it matched (`matched`: `stop_reason`, as vLLM sends it,
+    or `matched_stop`, as SGLang does; `ChatChoice.matched`, `ChunkChoice.matched`) and it is one of the
+    request's `stop_sequences`; otherwise "stop" is `end_turn`, which may under-report a stop-sequence match
+    (our llama.cpp worker does not name the string).
     """
     if finish_reason == "length":
         return "max_tokens", None
@@ -291,62 +293,60 @@ def stop_reason(
     return "end_turn", None
 
 
-def matched_stop(choice: dict[str, Any]) -> Any:
-    """The stop string an upstream says it matched, when it says so (vLLM, SGLang extensions)."""
-    return choice.get("stop_reason") or choice.get("matched_stop")
-
-
-def usage(chat_usage: dict[str, Any] | None) -> dict[str, int]:
+def usage(chat_usage: CompletionUsage | None) -> dict[str, int]:
     """Chat usage in Anthropic's terms: prompt tokens served from the engine's prefix cache are
     `cache_read_input_tokens`, the rest `input_tokens` (their sum is the prompt, as Anthropic counts it;
     nothing is written to a cache on request, so `cache_creation_input_tokens` is 0)."""
-    chat_usage = chat_usage or {}
-    prompt = int(chat_usage.get("prompt_tokens") or 0)
-    cached = min(prompt, int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
+    if chat_usage is None:
+        return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    prompt = chat_usage.prompt_tokens
+    cached = min(prompt, chat_usage.cached_tokens)
     return {
         "input_tokens": prompt - cached,
-        "output_tokens": int(chat_usage.get("completion_tokens") or 0),
+        "output_tokens": chat_usage.completion_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }
 
 
-def prompt_tokens(chat_usage: dict[str, Any] | None) -> int:
+def prompt_tokens(chat_usage: CompletionUsage | None) -> int:
     """The whole prompt's tokens (count_tokens' answer), cached or not."""
-    return int((chat_usage or {}).get("prompt_tokens") or 0)
+    return chat_usage.prompt_tokens if chat_usage is not None else 0
 
 
-def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -> dict[str, Any]:
-    """The Message for a non-streamed `chat.completion`: a text block for its text, then one tool_use
-    block per tool call (input = the parsed arguments). The model echoed is the requested one."""
-    choice = (chat.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
+    """The Message's content blocks for a chat choice (its text, its refusal, one tool_use block per tool
+    call) and how many tool_use blocks there are."""
+    message = choice.message
     content: list[dict[str, Any]] = []
-    if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
-    if message.get("refusal"):
-        content.append({"type": "text", "text": message["refusal"]})
-    calls = message.get("tool_calls") or []
-    cut = choice.get("finish_reason") == "length"
+    if message.content:
+        content.append({"type": "text", "text": message.content})
+    if message.refusal:
+        content.append({"type": "text", "text": message.refusal})
+    cut = choice.finish_reason == "length"
     used = 0
-    for call in calls:
-        function = call.get("function") or {}
-        name = function.get("name", "")
-        arguments = function.get("arguments") or ""
+    for call in message.tool_calls or ():
+        name, arguments = call.function.name, call.function.arguments
         if cut and not _is_object(arguments):
             # max_tokens cut the call's arguments short (TurboMind sends what it had): Anthropic's answer is
             # stop_reason max_tokens, so the text the model wrote is kept as text, never a 502.
             content.append({"type": "text", "text": arguments})
             continue
-        content.append({"type": "tool_use", "id": call.get("id"), "name": name, "input": tool_input(name, arguments)})
+        content.append({"type": "tool_use", "id": call.id, "name": name, "input": tool_input(name, arguments)})
         used += 1
+    return content, used
+
+
+def to_message(chat: ChatCompletion, req: MessagesRequest, *, message_id: str) -> dict[str, Any]:
+    """The Message for the typed non-streamed chat answer: a text block for its first choice's text, then one
+    tool_use block per tool call (input = the parsed arguments); `stop_sequence` is the stop string the
+    upstream says it matched. The model echoed is the requested one."""
+    choice = chat.choice
+    content, used = _content(choice)
     reason, sequence = stop_reason(
-        choice.get("finish_reason"),
-        tool_calls=bool(used),
-        matched=matched_stop(choice),
-        stop_sequences=req.stop_sequences,
+        choice.finish_reason, tool_calls=bool(used), matched=choice.matched, stop_sequences=req.stop_sequences
     )
-    if message.get("refusal") and reason == "end_turn":
+    if choice.message.refusal and reason == "end_turn":
         reason = "refusal"
     return {
         "id": message_id,
@@ -356,7 +356,7 @@ def to_message(chat: dict[str, Any], req: MessagesRequest, *, message_id: str) -
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage(chat.get("usage")),
+        "usage": usage(chat.usage),
     }
 
 

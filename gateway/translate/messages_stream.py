@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import MessagesRequest
-from gateway.protocol.responses import ChatCompletionChunk, ToolCallDelta
+from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.translate.ids import new_id
 from gateway.translate.messages import anthropic_error, stop_reason, tool_input, usage
 
@@ -61,8 +61,8 @@ class MessagesStream:
         self._current: _Text | _ToolUse | None = None
         self._calls: dict[int, _ToolUse] = {}
         self._finish_reason: str | None = None
-        self._matched: Any = None
-        self._usage: dict[str, Any] | None = None
+        self._matched: str | int | None = None
+        self._usage: CompletionUsage | None = None
 
     def start(self) -> list[dict[str, Any]]:
         """Nothing at once: message_start waits for the first chunk and its prompt usage (`feed`)."""
@@ -78,7 +78,7 @@ class MessagesStream:
         if self._ended:
             return []
         if chunk.usage is not None:
-            self._usage = chunk.usage.model_dump(mode="json")
+            self._usage = chunk.usage
         events = self._begin()
         for choice in chunk.choices:
             delta = choice.delta
@@ -167,7 +167,7 @@ class MessagesStream:
         )
 
     def _input_usage(self) -> dict[str, int]:
-        if not self._usage:
+        if self._usage is None:
             return {}
         counted = usage(self._usage)
         return {k: counted[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}

@@ -40,6 +40,7 @@ from gateway.protocol.chat_messages import (
     UserMessage,
 )
 from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
+from gateway.protocol.responses import ChatCompletion, ChatCompletionMessage, CompletionUsage
 from gateway.protocol.responses_api import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -214,20 +215,18 @@ def _chat(req: ResponsesRequest, messages: list[Message]) -> ChatCompletionReque
 
 
 # -- response ---------------------------------------------------------------------------------------------
-def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Chat usage in the Responses API's shape."""
-    if not chat_usage:
+def usage(chat_usage: CompletionUsage | None) -> dict[str, Any] | None:
+    """Chat usage in the Responses API's shape (None: the engine sent none). The chat usage has no reasoning
+    count (`CompletionUsage` keeps none), so `reasoning_tokens` is 0."""
+    if chat_usage is None:
         return None
-    prompt = int(chat_usage.get("prompt_tokens") or 0)
-    completion = int(chat_usage.get("completion_tokens") or 0)
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt, completion = chat_usage.prompt_tokens, chat_usage.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": chat_usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": int(chat_usage.get("total_tokens") or prompt + completion),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage.total_tokens or prompt + completion,
     }
 
 
@@ -318,31 +317,30 @@ def function_call_item(
     return {**item, "arguments": arguments, "status": status}
 
 
-def _output(message: dict[str, Any], status: str, req: ResponsesRequest) -> list[dict[str, Any]]:
+def _output(message: ChatCompletionMessage, status: str, req: ResponsesRequest) -> list[dict[str, Any]]:
     output: list[dict[str, Any]] = []
-    text, refusal, calls = message.get("content"), message.get("refusal"), message.get("tool_calls") or []
+    text, refusal, calls = message.content, message.refusal, message.tool_calls or []
     if text or refusal is not None or not calls:
         output.append(message_item(new_id("msg"), text or "", status=status, refusal=refusal))
     for call in calls:
-        function = call.get("function") or {}
-        call_id = call.get("id") or new_id("call")
-        name, arguments = function.get("name", ""), function.get("arguments") or ""
+        call_id = call.id or new_id("call")
+        name, arguments = call.function.name, call.function.arguments
         output.append(function_call_item(new_id("fc"), call_id, name, arguments, status=status, req=req))
     return output
 
 
 def to_response(
-    chat: dict[str, Any],
+    chat: ChatCompletion,
     req: ResponsesRequest,
     *,
     response_id: str,
     created_at: int,
     completed_at: int | None = None,
 ) -> dict[str, Any]:
-    """The Response for a non-streamed `chat.completion`: a message item for its text, then one
-    function_call item per tool call; "length" makes it `incomplete` (reason `max_output_tokens`)."""
-    choice = (chat.get("choices") or [{}])[0]
-    reason = incomplete_reason(choice.get("finish_reason"))
+    """The Response for the typed non-streamed chat answer: a message item for its first choice's text, then
+    one function_call item per tool call; "length" makes it `incomplete` (reason `max_output_tokens`)."""
+    choice = chat.choice
+    reason = incomplete_reason(choice.finish_reason)
     status = "incomplete" if reason else "completed"
     return response_object(
         req,
@@ -350,9 +348,9 @@ def to_response(
         created_at=created_at,
         completed_at=completed_at if completed_at is not None else created_at,
         status=status,
-        output=_output(choice.get("message") or {}, status, req),
-        model=chat.get("model"),
-        usage=usage(chat.get("usage")),
+        output=_output(choice.message, status, req),
+        model=chat.model,
+        usage=usage(chat.usage),
         incomplete_reason=reason,
     )
 

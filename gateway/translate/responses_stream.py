@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.protocol.responses import ChatCompletionChunk, ToolCallDelta
+from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.translate.ids import new_id
 from gateway.translate.responses import (
@@ -74,7 +74,7 @@ class ResponsesStream:
         self._current: _Text | _Call | None = None
         self._calls: dict[int, _Call] = {}
         self._finish_reason: str | None = None
-        self._usage: dict[str, Any] | None = None
+        self._usage: CompletionUsage | None = None
         self._model: str | None = None
 
     # -- public ---------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ class ResponsesStream:
         events = self.start()
         self._model = chunk.model or self._model
         if chunk.usage is not None:
-            self._usage = chunk.usage.model_dump(mode="json")
+            self._usage = chunk.usage
         for choice in chunk.choices:
             delta = choice.delta
             if delta.content:

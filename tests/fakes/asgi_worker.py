@@ -34,6 +34,7 @@ class Behaviour:
     text: str = "Hello there"
     chunks: int = 3
     delay_s: float = 0.0
+    choice: dict[str, Any] = field(default_factory=dict)  # merged into a non-streamed answer's choice
 
 
 @dataclass
@@ -53,7 +54,7 @@ class FakeEngine:
         if body.stream:
             return StreamingResponse(self._frames(body), media_type="text/event-stream")
         await asyncio.sleep(b.delay_s)
-        return JSONResponse(_completion(b.text))
+        return JSONResponse(_completion(b.text, b.choice))
 
     async def _frames(self, body: EngineRequest) -> AsyncIterator[bytes]:
         b = self.behaviour
@@ -78,11 +79,11 @@ def _frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return b"data: " + json.dumps({**_envelope("chat.completion.chunk"), "choices": [choice]}).encode() + b"\n\n"
 
 
-def _completion(text: str) -> dict[str, Any]:
+def _completion(text: str, extra: dict[str, Any]) -> dict[str, Any]:
     message = {"role": "assistant", "content": text, "refusal": None}
     return {
         **_envelope("chat.completion"),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop", **extra}],
         "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
     }
 

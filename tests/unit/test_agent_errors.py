@@ -17,7 +17,7 @@ from gateway.ops.auth import ANONYMOUS
 from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import MessagesRequest
-from gateway.protocol.responses import ChatCompletionChunk
+from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.serving.session import RequestContext, account
 from gateway.translate import MessagesStream, ResponsesStream, parse_body
@@ -124,8 +124,8 @@ def test_an_ollama_format_that_cannot_be_honoured_is_a_400_naming_it(fields: dic
 
 def test_prefix_cache_hits_are_cache_read_input_tokens_on_messages() -> None:
     """Anthropic counts a prompt as input + cache_read + cache_creation; Claude Code sums them."""
-    counted = messages_usage({"prompt_tokens": 9196, "completion_tokens": 3,
-                              "prompt_tokens_details": {"cached_tokens": 9000}})  # fmt: skip
+    counted = messages_usage(CompletionUsage(prompt_tokens=9196, completion_tokens=3, total_tokens=9199,
+                                             prompt_tokens_details={"cached_tokens": 9000}))  # fmt: skip
     assert counted == {"input_tokens": 196, "output_tokens": 3, "cache_creation_input_tokens": 0,
                        "cache_read_input_tokens": 9000}  # fmt: skip
     req = parse_body(

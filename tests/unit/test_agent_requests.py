@@ -11,7 +11,7 @@ from openai.types.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
-from gateway.protocol.responses import ChatCompletionChunk
+from gateway.protocol.responses import ChatCompletion, ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import ResponsesStream, messages, parse_body
@@ -71,7 +71,7 @@ def test_a_call_to_a_namespaced_function_names_namespace_and_name_apart() -> Non
     chat = chat_completion(
         [call("call_1", "multi_agent_v1.spawn_agent", '{"message":"go"}'), call("call_2", "exec_command")]
     )
-    response = to_response(chat, req, response_id="resp_1", created_at=1)
+    response = to_response(ChatCompletion.model_validate(chat), req, response_id="resp_1", created_at=1)
     assert_matches("Response", response)
     Response.model_validate(response)
     spawned, executed = response["output"]

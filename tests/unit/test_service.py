@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,11 +23,14 @@ from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
 from gateway.ops.auth import OPEN
 from gateway.ops.metrics import Metrics
-from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol import ChatCompletion, ChatCompletionRequest, parse_request
+from gateway.protocol.anthropic import MessagesRequest
 from gateway.serving.admission import Admission
 from gateway.serving.relay import StreamStats, _relay_run
 from gateway.serving.service import RequestContext, Service, StreamSession, Translate, UnaryResult
 from gateway.serving.session import RequestScope
+from gateway.translate import messages
+from gateway.translate.messages import to_message
 from tests.fakes.asgi_worker import Behaviour, FakeEngine, FakeWorker
 
 USER = [{"role": "user", "content": "hi"}]
@@ -54,7 +58,11 @@ class Harness:
         return self.metrics.registry.get_sample_value("voltgate:requests_total", labels) or 0.0
 
     async def call(self, body: dict[str, object], translate: Translate | None = None) -> UnaryResult | StreamSession:
-        parsed = parse_request(json.dumps(body).encode(), ChatCompletionRequest)
+        return await self.handle(parse_request(json.dumps(body).encode(), ChatCompletionRequest), translate)
+
+    async def handle(
+        self, parsed: ChatCompletionRequest, translate: Translate | None = None
+    ) -> UnaryResult | StreamSession:
         ctx = RequestContext(request_id="req-1", principal=OPEN, started=0.0)
         return await self.service.handle(parsed, _request(), ctx, translate=translate)
 
@@ -130,19 +138,55 @@ async def test_a_queued_stream_gets_keepalives_then_its_answer() -> None:
     assert h.count(200) == 2
 
 
-def _cannot_render(_chat: dict[str, object]) -> dict[str, object]:
+def _cannot_render(_chat: ChatCompletion) -> dict[str, object]:
     raise GatewayError(ErrorCode.UPSTREAM_ERROR, "the model's arguments for tool 'f' are not a JSON object")
 
 
 async def test_a_translation_that_cannot_render_the_answer_is_accounted_with_its_error_not_200() -> None:
     h = Harness()
-    rendered = await h.call({"model": "smol", "messages": USER}, translate=lambda chat: {"wrapped": chat["id"]})
+    rendered = await h.call({"model": "smol", "messages": USER}, translate=lambda chat: {"wrapped": chat.id})
     assert isinstance(rendered, UnaryResult) and set(rendered.body or {}) == {"wrapped"}
     with pytest.raises(GatewayError) as info:
         await h.call({"model": "smol", "messages": USER}, translate=_cannot_render)
     assert info.value.status == 502
     assert (h.count(200), h.count(502)) == (1, 1)
     assert h.admission.running == 0
+
+
+@pytest.mark.parametrize(
+    ("choice", "stop"),
+    [
+        ({"stop_reason": "END"}, ("stop_sequence", "END")),  # vLLM: the stop string it matched
+        ({"matched_stop": "END"}, ("stop_sequence", "END")),  # SGLang
+        ({"stop_reason": "OTHER"}, ("end_turn", None)),  # not one of the request's stop_sequences
+        ({"stop_reason": 2}, ("end_turn", None)),  # vLLM: a stop token's id
+        ({}, ("end_turn", None)),  # our llama.cpp worker: it does not name the stop string it matched
+    ],
+    ids=["vllm", "sglang", "other-string", "token-id", "llamacpp-worker"],
+)
+async def test_a_non_streamed_message_reports_the_stop_sequence_its_upstream_matched(
+    choice: dict[str, object], stop: tuple[str, str | None]
+) -> None:
+    """The worker's answer is read once into the typed `ChatCompletion`, which keeps the peer's matched stop
+    for the Messages API; the chat pass-through of the same answer renders OpenAI's fields only, as before."""
+    h = Harness()
+    h.engine.behaviour = Behaviour(choice=choice)
+    req = MessagesRequest.model_validate(
+        {"model": "smol", "max_tokens": 8, "messages": USER, "stop_sequences": ["END", "\n\nHuman:"]}
+    )
+    seen: list[ChatCompletion] = []
+
+    def render(chat: ChatCompletion) -> dict[str, Any]:
+        seen.append(chat)
+        return to_message(chat, req, message_id="msg_1")
+
+    message = await h.handle(messages.to_chat(req), render)
+    assert isinstance(message, UnaryResult) and message.body is not None
+    assert (message.body["stop_reason"], message.body["stop_sequence"]) == stop
+    assert [type(chat) for chat in seen] == [ChatCompletion]
+    chat = await h.call({"model": "smol", "messages": USER})
+    assert isinstance(chat, UnaryResult) and chat.body is not None
+    assert list(chat.body["choices"][0]) == ["index", "message", "logprobs", "finish_reason"]
 
 
 async def test_a_stream_its_translation_gave_up_on_is_accounted_with_that_error() -> None:

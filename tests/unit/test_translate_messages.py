@@ -11,6 +11,7 @@ import pytest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.responses import ChatCompletion
 from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
 from gateway.translate.messages import anthropic_error, anthropic_error_body, to_chat, to_message
@@ -64,7 +65,7 @@ def tool_call(call_id: str, arguments: str, name: str = "get_weather") -> dict[s
 
 
 def message(chat: dict[str, Any], req: MessagesRequest | None = None) -> dict[str, Any]:
-    out = to_message(chat, req or request(), message_id="msg_1")
+    out = to_message(ChatCompletion.model_validate(chat), req or request(), message_id="msg_1")
     anthropic.types.Message.model_validate(out)
     return out
 
@@ -341,7 +342,7 @@ def test_stop_sequence_is_reported_only_when_the_upstream_names_it() -> None:
 
 def test_arguments_that_are_not_a_json_object_are_an_upstream_error() -> None:
     with pytest.raises(GatewayError) as caught:
-        to_message(completion(None, [tool_call("c", "[1, 2]")], finish="tool_calls"), request(), message_id="m")
+        message(completion(None, [tool_call("c", "[1, 2]")], finish="tool_calls"))
     assert caught.value.status == 502
 
 
@@ -411,10 +412,11 @@ def test_a_tool_call_cut_by_max_tokens_is_max_tokens_with_its_text_kept_not_a_50
     )  # fmt: skip
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}
     chat = {
+        "id": "chatcmpl-1", "created": 1, "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
                      "finish_reason": "length"}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13},
     }  # fmt: skip
-    message = to_message(chat, req, message_id="msg_1")
+    message = to_message(ChatCompletion.model_validate(chat), req, message_id="msg_1")
     assert message["stop_reason"] == "max_tokens"
     assert message["content"] == [{"type": "text", "text": '{"city": "Par'}]

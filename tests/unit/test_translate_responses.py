@@ -11,6 +11,7 @@ from openai.types.responses import Response
 from gateway.errors import GatewayError
 from gateway.ops.store import ResponseStore
 from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.responses_api import ResponsesRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
@@ -76,7 +77,7 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 
 def respond(chat: dict[str, Any], req: ResponsesRequest, response_id: str = "resp_1") -> dict[str, Any]:
-    response = to_response(chat, req, response_id=response_id, created_at=1_700_000_000)
+    response = to_response(ChatCompletion.model_validate(chat), req, response_id=response_id, created_at=1_700_000_000)
     assert_matches("Response", response)
     Response.model_validate(response)
     return response
