@@ -21,7 +21,7 @@ from gateway.cluster.access import auth_headers, new_worker_token
 from gateway.cluster.agent import HostAgent, HostLost, WorkerReport
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.memory import ReportedProbe
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.workers import LOCAL_WORDING, WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.cluster")
 
@@ -31,6 +31,8 @@ POLL_INTERVAL_S = 2.0
 class HostWorker:
     """One model's worker on `agent`'s host (see the module docstring; race semantics as
     `gateway.lifecycle.workers`)."""
+
+    wording = LOCAL_WORDING  # a worker process the host's agent starts and restarts
 
     def __init__(
         self,

@@ -41,6 +41,9 @@ def remote_wording(root_url: str) -> Wording:
         retried="is checked again every few seconds",
         lost=f"the connection to its endpoint {root_url} was lost",
         lost_next="",
+        starting_phase=f"waiting for its endpoint {root_url} to answer",
+        restarting_phase=f"waiting for its endpoint {root_url} to answer again",
+        loads=False,
     )
 
 

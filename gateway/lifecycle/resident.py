@@ -45,10 +45,12 @@ class Progress:
     model: str
     phase: str
     elapsed_s: float
+    loading: bool = True  # False while a remote endpoint is awaited: nothing loads here
 
     @property
     def text(self) -> str:
-        return f"loading model {self.model!r}: {self.phase} ({self.elapsed_s:.0f} s)"
+        subject = f"loading model {self.model!r}" if self.loading else f"model {self.model!r}"
+        return f"{subject}: {self.phase} ({self.elapsed_s:.0f} s)"
 
 
 class Hold:
@@ -168,8 +170,10 @@ class Resident:
 
     def progress_now(self) -> Progress:
         if self.policy.restarts:  # it loads in its worker's own loop: say which start it waits for
-            phase = "its worker is starting" if self.deployment.worker.restarts == 0 else "its worker is restarting"
-            return Progress(self.name, phase, time.monotonic() - self.phase_started)
+            worker = self.deployment.worker
+            words = worker.wording
+            phase = words.starting_phase if worker.restarts == 0 else words.restarting_phase
+            return Progress(self.name, phase, time.monotonic() - self.phase_started, loading=words.loads)
         return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
 
     def idle_for_long(self, now: float) -> bool:

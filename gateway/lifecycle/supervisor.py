@@ -18,7 +18,14 @@ from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import CRASH_LIMIT, HEALTHY_RESET_S, Backoff, Policy
-from gateway.lifecycle.workers import NO_HEADERS, WorkerHandle, WorkerStartError, WorkerState, restarted_message
+from gateway.lifecycle.workers import (
+    NO_HEADERS,
+    Wording,
+    WorkerHandle,
+    WorkerStartError,
+    WorkerState,
+    restarted_message,
+)
 
 __all__ = ["NATIVE_CRASH_HINT", "WorkerMachine"]
 
@@ -67,6 +74,10 @@ class WorkerMachine:
     @property
     def pid(self) -> int | None:
         return self.handle.pid
+
+    @property
+    def wording(self) -> Wording:
+        return self.handle.wording
 
     # -- public (the `Worker` protocol) -----------------------------------------------------------------
     def start(self, *, retry: bool = False) -> None:

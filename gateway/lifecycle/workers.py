@@ -68,6 +68,11 @@ class Worker(Protocol):
         """The local process group to measure memory from; None when there is none."""
         ...
 
+    @property
+    def wording(self) -> Wording:
+        """How this model's 503s, broken calls and progress name its worker (`WorkerHandle.wording`)."""
+        ...
+
     def start(self, *, retry: bool = False) -> None:
         """Begin (or keep) serving in the background; idempotent, never blocks. `retry` also restarts a
         worker that gave up after a crash loop."""
@@ -127,7 +132,9 @@ class Wording:
     are `WorkerMachine`'s, the words the handle's, so a remote endpoint is never said to be "loading".
 
     `loading`/`restarting`: a first/later start under way; `unavailable`: FAILED; `retried`: what happens next
-    under a policy that restarts; `lost` and `lost_next`: a call that broke, "model 'm': {lost} (cause){lost_next}"."""
+    under a policy that restarts; `lost` and `lost_next`: a call that broke, "model 'm': {lost} (cause){lost_next}";
+    `starting_phase`/`restarting_phase`: what a request waiting for a first/later start waits for (its progress);
+    `loads`: whether a start loads the model here (False for a remote endpoint: its progress never says "loading")."""
 
     loading: str
     restarting: str
@@ -135,6 +142,9 @@ class Wording:
     retried: str
     lost: str
     lost_next: str
+    starting_phase: str = "its worker is starting"
+    restarting_phase: str = "its worker is restarting"
+    loads: bool = True
 
 
 LOCAL_WORDING = Wording(

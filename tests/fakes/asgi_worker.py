@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState, restarted_message
+from gateway.lifecycle.workers import LOCAL_WORDING, NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 
 BASE_URL = "http://fake-worker"
 
@@ -90,6 +90,8 @@ def _completion(text: str, extra: dict[str, Any]) -> dict[str, Any]:
 
 class FakeWorker:
     """A `Worker` that is READY once started; `fail()` makes `base_url()` answer 503 like a crashed one."""
+
+    wording = LOCAL_WORDING
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle.workers import NO_HEADERS, WorkerStartError, WorkerState, restarted_message
+from gateway.lifecycle.workers import LOCAL_WORDING, NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 from tests.fakes.asgi_worker import BASE_URL
 
 
 class FakeLoadingWorker:
+    wording = LOCAL_WORDING
+
     def __init__(
         self,
         name: str,

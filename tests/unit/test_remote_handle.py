@@ -26,8 +26,10 @@ from gateway.app import _deployment
 from gateway.config import Config, ModelSpec
 from gateway.errors import GatewayError
 from gateway.lifecycle import policy
+from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import CRASH_LIMIT, REMOTE, REMOTE_BACKOFF_MAX_S, Backoff, policy_for
 from gateway.lifecycle.remote import CHECK_TIMEOUT_S, RemoteHandle
+from gateway.lifecycle.resident import Resident
 from gateway.lifecycle.supervisor import WorkerMachine
 from gateway.lifecycle.workers import WorkerHandle, WorkerStartError, WorkerState
 from gateway.ops.metrics import Metrics
@@ -228,3 +230,6 @@ async def test_the_gateway_builds_a_remote_source_as_this_machine_under_the_remo
     assert isinstance(worker, WorkerMachine) and isinstance(worker.handle, RemoteHandle)
     assert worker.policy is REMOTE and deployment.policy is REMOTE
     assert worker.handle.root_url == "http://gpu-2:8000" and worker.state is WorkerState.STOPPED
+    waiting = Resident(deployment, ModelMemory()).progress_now()  # what a request waiting for it is told
+    assert waiting.text.startswith("model 'r': waiting for its endpoint http://gpu-2:8000 to answer (")
+    assert "loading" not in waiting.text and "worker" not in waiting.text
