@@ -33,12 +33,13 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 
 
 def choice(events: Sequence[Event], *, tools: bool = False) -> Choice:
-    """A choice whose ticket already holds `events` (the engine's, as the outbox delivers them)."""
+    """A choice whose ticket already holds `events` (the engine's, as the outbox delivers them); with `tools`,
+    its output is held to a call (`tool_choice` naming get_weather)."""
     request = GenerationRequest("r", (1, 2, 3), SamplingParams())
     ticket = Ticket(request, asyncio.get_running_loop(), lambda: None)
     for event in events:
         ticket.receive(event)
-    output = ChatOutput(HERMES, ("get_weather",)) if tools else ChatOutput(None, ())
+    output = ChatOutput(HERMES, ("get_weather",), forced=True) if tools else ChatOutput(None, ())
     return Choice(0, ticket, output, logprobs=False)
 
 
@@ -96,3 +97,13 @@ async def test_a_choice_that_ends_in_tool_calls_has_no_stop_reason() -> None:
     chunks = await streamed("chat", events, tools=True)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert all("stop_reason" not in c["choices"][0] for c in chunks)
+
+
+@pytest.mark.parametrize("send", [whole, streamed])
+async def test_calls_the_held_back_text_completes_make_the_finish_tool_calls(send: Any) -> None:
+    """The repeat of a call ends the reply's calls (`ChatOutput.done`) even when max_tokens cut the repeat short
+    and only the output's finish reads it: the finish is read after that, so it is "tool_calls", not "length"."""
+    events = [TextDelta(CALL + "\n" + CALL.removesuffix("</tool_call>")), Finished("length", USAGE)]
+    out = await send("chat", events, tools=True)
+    last = out["choices"][0] if isinstance(out, dict) else out[-1]["choices"][0]
+    assert last["finish_reason"] == "tool_calls" and "stop_reason" not in last
