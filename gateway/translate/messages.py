@@ -277,10 +277,10 @@ def stop_reason(
 
     The chat path reports a matched stop string and a natural end alike as "stop", and engines strip the
     matched string from the text, so the two cannot be told apart from the text. `stop_sequence` is
-    reported only when the upstream names the string it matched (`matched`: `stop_reason`, as vLLM sends it,
-    or `matched_stop`, as SGLang does; `ChatChoice.matched`, `ChunkChoice.matched`) and it is one of the
-    request's `stop_sequences`; otherwise "stop" is `end_turn`, which may under-report a stop-sequence match
-    (our llama.cpp worker does not name the string).
+    reported when the upstream names the string it matched (`matched`: `stop_reason`, as vLLM and our
+    llama.cpp worker send it, or `matched_stop`, as SGLang does; `ChatChoice.matched`, `ChunkChoice.matched`)
+    and it is one of the request's `stop_sequences`; otherwise "stop" is `end_turn`, which under-reports a
+    stop-sequence match on an engine that does not name the string.
     """
     if finish_reason == "length":
         return "max_tokens", None

@@ -128,6 +128,24 @@ def test_eight_stop_strings_work(gateway: Gateway) -> None:
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_the_matched_stop_string_rides_a_relayed_stream_and_stays_out_of_a_whole_body(gateway: Gateway) -> None:
+    """The worker names the stop string it matched (`stop_reason`, vLLM's extension). A chat stream is relayed
+    as the worker sent it, so its finishing chunk carries the field, which OpenAI's schema allows (a choice
+    takes extra fields) and the SDK keeps; a non-streamed body is rendered with OpenAI's fields only."""
+    client = gateway.client()
+    days = [{"role": "user", "content": "List the days of the week."}]
+    kwargs: dict[str, Any] = {"model": MODEL, "messages": days, "max_tokens": 24, "temperature": 0}
+    word = (client.chat.completions.create(**kwargs).choices[0].message.content or "").split()[2]
+    whole = client.chat.completions.with_raw_response.create(**kwargs, stop=[word]).http_response.json()
+    assert_matches_openai("CreateChatCompletionResponse", whole)
+    assert whole["choices"][0]["finish_reason"] == "stop" and "stop_reason" not in whole["choices"][0]
+    chunks = list(client.chat.completions.create(**kwargs, stop=["never-here", word], stream=True))
+    for chunk in chunks:
+        assert_matches_openai("CreateChatCompletionStreamResponse", chunk.model_dump(mode="json", exclude_unset=True))
+    finishing = chunks[-1].choices[0]
+    assert (finishing.finish_reason, finishing.model_extra) == ("stop", {"stop_reason": word})
+
+
 def test_a_request_without_max_tokens_stops_at_the_models_default(gateway: Gateway) -> None:
     completion = gateway.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Write a long story."}], extra_body={"ignore_eos": True}

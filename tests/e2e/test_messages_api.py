@@ -102,10 +102,10 @@ def test_stream_accumulates_to_the_final_message(gateway: Gateway) -> None:
     assert unary.content[0].text == final.content[0].text  # type: ignore[union-attr]
 
 
-def test_a_stop_sequence_cuts_the_text_and_our_worker_does_not_name_it(gateway: Gateway) -> None:
-    """The real worker ends the text before the stop string, streamed or not; it does not say which string it
-    matched (vLLM's `stop_reason`, SGLang's `matched_stop`: tests/unit/test_service.py), so the Message reports
-    `end_turn` without a `stop_sequence`, the same streamed and not."""
+def test_a_stop_sequence_cuts_the_text_and_is_reported_as_the_stop_sequence(gateway: Gateway) -> None:
+    """The real worker ends the text before the stop string and names the string it matched (`stop_reason`, as
+    vLLM does), so the Message says `stop_reason: "stop_sequence"` and `stop_sequence: <the string>`, the same
+    streamed and not."""
     days = [{"role": "user", "content": "List the days of the week."}]
     full = create(gateway, max_tokens=24, messages=days)
     text = "".join(block.text for block in full.content if block.type == "text")
@@ -113,13 +113,17 @@ def test_a_stop_sequence_cuts_the_text_and_our_worker_does_not_name_it(gateway: 
     stops = ["never-stop-here", word]
     cut = create(gateway, max_tokens=24, messages=days, stop_sequences=stops)
     assert "".join(block.text for block in cut.content if block.type == "text") == text[: text.index(word)]
-    assert (cut.stop_reason, cut.stop_sequence) == ("end_turn", None)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", word)
     with client(gateway).messages.stream(
         model=MODEL, max_tokens=24, messages=days, stop_sequences=stops, extra_body=GREEDY
     ) as stream:
+        deltas = [event for event in stream if event.type == "message_delta"]
         final = stream.get_final_message()
+    assert [(d.delta.stop_reason, d.delta.stop_sequence) for d in deltas] == [("stop_sequence", word)]
     assert [block.model_dump() for block in final.content] == [block.model_dump() for block in cut.content]
-    assert (final.stop_reason, final.stop_sequence) == ("end_turn", None)
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", word)
+    plain = create(gateway, max_tokens=64, messages=SHORT, stop_sequences=["never-stop-here"])
+    assert (plain.stop_reason, plain.stop_sequence) == ("end_turn", None)  # a stop sequence it never wrote
 
 
 def test_message_start_reports_the_prompts_tokens_and_a_resent_prompt_its_cache_hit(gateway: Gateway) -> None:

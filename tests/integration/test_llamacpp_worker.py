@@ -19,6 +19,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tests.conftest import REPO, free_port
+from tests.openai_schema import assert_matches_openai
 
 pytestmark = pytest.mark.integration
 
@@ -273,7 +274,10 @@ async def test_max_tokens_gives_length_and_exact_usage(client: httpx.AsyncClient
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 5
 
 
-async def test_stop_string_is_not_returned(client: httpx.AsyncClient) -> None:
+# --- stop strings: cut from the text, named as vLLM names them (`stop_reason`) ---------------------
+
+
+async def test_stop_string_is_not_returned_and_is_named(client: httpx.AsyncClient) -> None:
     prompt = {"model": MODEL, "prompt": "The days of the week are Monday,", "temperature": 0}
     full = (await post(client, "/v1/completions", {**prompt, "max_tokens": 24}))["choices"][0]["text"]
     words = full.split()
@@ -282,8 +286,10 @@ async def test_stop_string_is_not_returned(client: httpx.AsyncClient) -> None:
     expected = full[: full.index(stop)]
 
     body = await post(client, "/v1/completions", {**prompt, "max_tokens": 24, "stop": [stop, "never-seen"]})
+    Completion.model_validate(body)
+    assert_matches_openai("CreateCompletionResponse", body)
     assert body["choices"][0]["text"] == expected
-    assert body["choices"][0]["finish_reason"] == "stop"
+    assert (body["choices"][0]["finish_reason"], body["choices"][0]["stop_reason"]) == ("stop", stop)
 
     async with client.stream(
         "POST", "/v1/completions", json={**prompt, "max_tokens": 24, "stop": [stop], "stream": True}
@@ -291,7 +297,49 @@ async def test_stop_string_is_not_returned(client: httpx.AsyncClient) -> None:
         events = await stream_events(response)
     pieces = [e["choices"][0]["text"] for e in events[:-1]]
     assert "".join(pieces) == expected  # a partial match is held back, never streamed and retracted
-    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert (events[-2]["choices"][0]["finish_reason"], events[-2]["choices"][0]["stop_reason"]) == ("stop", stop)
+    assert all("stop_reason" not in e["choices"][0] for e in events[:-2])  # only the finishing chunk names it
+
+
+DAYS = "List the days of the week."
+
+
+async def greedy_days(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+    """The greedy chat answer to DAYS (24 tokens at most unless `params` say otherwise)."""
+    return await post(client, "/v1/chat/completions", chat_body(DAYS, **{"temperature": 0, "max_tokens": 24, **params}))
+
+
+async def test_a_chat_stop_string_the_greedy_answer_hits_is_named_whole_and_streamed(client: httpx.AsyncClient) -> None:
+    full = (await greedy_days(client))["choices"][0]["message"]["content"]
+    word = full.split()[2]
+    stops = ["never-stop-here", word]
+    body = await greedy_days(client, stop=stops)
+    ChatCompletion.model_validate(body)
+    assert_matches_openai("CreateChatCompletionResponse", body)
+    cut = body["choices"][0]
+    assert cut["message"]["content"] == full[: full.index(word)]
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", word)
+
+    request = chat_body(DAYS, temperature=0, max_tokens=24, stop=stops, stream=True)
+    async with client.stream("POST", "/v1/chat/completions", json=request) as response:
+        events = await stream_events(response)
+    assert events[-1] == "[DONE]"
+    for event in events[:-1]:
+        ChatCompletionChunk.model_validate(event)
+        assert_matches_openai("CreateChatCompletionStreamResponse", event)
+    assert streamed_text(events) == cut["message"]["content"]
+    finishing = events[-2]["choices"][0]
+    assert (finishing["finish_reason"], finishing["stop_reason"]) == ("stop", word)
+    assert all("stop_reason" not in e["choices"][0] for e in events[:-2])
+
+
+async def test_a_chat_no_stop_string_ended_names_none(client: httpx.AsyncClient) -> None:
+    """EOS (a short answer, a stop string it never writes) and max_tokens: no `stop_reason`."""
+    short = chat_body("What is 2+2? Answer with one number.", temperature=0, max_tokens=64, stop=["never-here"])
+    body = await post(client, "/v1/chat/completions", short)
+    assert body["choices"][0]["finish_reason"] == "stop" and "stop_reason" not in body["choices"][0]
+    cut = await greedy_days(client, max_tokens=3, stop=["never-here"])
+    assert cut["choices"][0]["finish_reason"] == "length" and "stop_reason" not in cut["choices"][0]
 
 
 async def test_json_mode_returns_valid_json(client: httpx.AsyncClient) -> None:

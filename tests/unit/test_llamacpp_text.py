@@ -66,62 +66,79 @@ def test_flush_drops_an_incomplete_character_and_starts_clean() -> None:
 
 def test_without_stop_strings_text_is_released_immediately() -> None:
     matcher = StopMatcher([])
-    assert matcher.push("hello <") == StopResult("hello <", stopped=False)
+    assert matcher.push("hello <") == StopResult("hello <")
     assert matcher.flush() == ""
 
 
 def test_a_possible_start_of_a_stop_string_is_held_back() -> None:
     matcher = StopMatcher(["END"])
-    assert matcher.push("hello E") == StopResult("hello ", stopped=False)
-    assert matcher.push("N") == StopResult("", stopped=False)
+    assert matcher.push("hello E") == StopResult("hello ")
+    assert matcher.push("N") == StopResult("")
 
 
 def test_held_text_is_released_once_it_cannot_become_a_stop_string() -> None:
     matcher = StopMatcher(["END"])
-    assert matcher.push("hello EN") == StopResult("hello ", stopped=False)
-    assert matcher.push("D") == StopResult("", stopped=True)
+    assert matcher.push("hello EN") == StopResult("hello ")
+    assert matcher.push("D") == StopResult("", "END")
 
     matcher = StopMatcher(["END"])
-    assert matcher.push("hello EN") == StopResult("hello ", stopped=False)
-    assert matcher.push("Ds") == StopResult("", stopped=True)
+    assert matcher.push("hello EN") == StopResult("hello ")
+    assert matcher.push("Ds") == StopResult("", "END")
 
     matcher = StopMatcher(["END"])
-    assert matcher.push("hello EN") == StopResult("hello ", stopped=False)
-    assert matcher.push("ough") == StopResult("ENough", stopped=False)
+    assert matcher.push("hello EN") == StopResult("hello ")
+    assert matcher.push("ough") == StopResult("ENough")
 
 
 def test_the_stop_string_and_everything_after_it_are_never_released() -> None:
     matcher = StopMatcher(["</s>"])
-    assert matcher.push("answer</s>more text") == StopResult("answer", stopped=True)
+    assert matcher.push("answer</s>more text") == StopResult("answer", "</s>")
 
 
-def test_the_earliest_stop_string_wins() -> None:
+def test_the_earliest_stop_string_wins_and_is_named() -> None:
     matcher = StopMatcher(["bar", "ob"])
-    assert matcher.push("foobar") == StopResult("fo", stopped=True)
+    assert matcher.push("foobar") == StopResult("fo", "ob")
+
+
+def test_of_stop_strings_starting_at_the_same_place_the_first_listed_is_named() -> None:
+    assert StopMatcher(["abc", "ab"]).push("xabcd") == StopResult("x", "abc")
+    assert StopMatcher(["ab", "abc"]).push("xabcd") == StopResult("x", "ab")
+
+
+def test_a_stop_string_completed_across_pushes_is_named() -> None:
+    matcher = StopMatcher(["never", "<|end|>"])
+    assert matcher.push("done<|en") == StopResult("done")
+    result = matcher.push("d|> more")
+    assert (result.text, result.matched, result.stopped) == ("", "<|end|>", True)
+
+
+def test_text_without_a_stop_string_names_none() -> None:
+    result = StopMatcher(["END"]).push("plain text")
+    assert (result.matched, result.stopped) == (None, False)
 
 
 def test_only_the_longest_partial_suffix_is_held() -> None:
     matcher = StopMatcher(["abcd"])
-    assert matcher.push("xabcab") == StopResult("xabc", stopped=False)
+    assert matcher.push("xabcab") == StopResult("xabc")
     assert matcher.flush() == "ab"
 
 
 def test_overlapping_partial_matches_release_only_what_can_no_longer_match() -> None:
     matcher = StopMatcher(["aab"])
-    assert matcher.push("aaa") == StopResult("a", stopped=False)
-    assert matcher.push("b") == StopResult("", stopped=True)
+    assert matcher.push("aaa") == StopResult("a")
+    assert matcher.push("b") == StopResult("", "aab")
 
 
 def test_flush_returns_held_text_when_generation_ends_otherwise() -> None:
     matcher = StopMatcher(["###"])
-    assert matcher.push("total: 5 #") == StopResult("total: 5 ", stopped=False)
+    assert matcher.push("total: 5 #") == StopResult("total: 5 ")
     assert matcher.flush() == "#"
     assert matcher.flush() == ""
 
 
 def test_empty_stop_strings_are_ignored() -> None:
     matcher = StopMatcher(["", "zz"])
-    assert matcher.push("abc") == StopResult("abc", stopped=False)
+    assert matcher.push("abc") == StopResult("abc")
 
 
 TEXT = "The answer is 42.<|end|> ignored"
@@ -139,6 +156,7 @@ def test_any_chunking_releases_exactly_the_text_before_the_stop() -> None:
             # Never anything that a later chunk would have to take back.
             assert BEFORE_STOP.startswith(released), (cuts, released)
             if result.stopped:
+                assert result.matched == "<|end|>", cuts
                 break
         else:
             pytest.fail(f"the stop string was not found with cuts {cuts}")
@@ -151,5 +169,5 @@ def test_a_multibyte_stop_string_split_across_token_bytes_is_caught() -> None:
     stop_at = data.index("。".encode())
     pieces = (data[: stop_at + 1], data[stop_at + 1 : stop_at + 2], data[stop_at + 2 :])
     results = [matcher.push(stream.push(p)) for p in pieces]
-    assert [r.stopped for r in results] == [False, False, True]
+    assert [r.matched for r in results] == [None, None, "。"]
     assert "".join(r.text for r in results) == "終わり"

@@ -116,11 +116,12 @@ def test_sequence_sends_entries_with_text_held_back_by_a_possible_stop_string() 
     first = seq.push(b"hi S", entry(0))
     assert (first.text, first.logprobs) == ("hi ", ())
     second = seq.push(b"un", entry(1))
-    assert (second.text, second.logprobs, second.stopped) == ("Sun", (entry(0), entry(1)), False)
+    assert (second.text, second.logprobs, second.matched) == ("Sun", (entry(0), entry(1)), None)
     third = seq.push(b" ST", entry(4))
     fourth = seq.push(b"OP!", entry(3))
     assert (third.text, third.logprobs) == (" ", ())
-    assert (fourth.text, fourth.logprobs, fourth.stopped) == ("", (entry(4),), True)
+    assert (fourth.text, fourth.logprobs, fourth.matched) == ("", (entry(4),), "STOP")
+    assert fourth.stopped
 
 
 def test_sequence_flush_sends_held_text_with_its_entries() -> None:
@@ -128,4 +129,13 @@ def test_sequence_flush_sends_held_text_with_its_entries() -> None:
     pushed = seq.push(b"ok ST", entry(0))
     assert (pushed.text, pushed.logprobs) == ("ok ", ())
     flushed = seq.flush()
-    assert (flushed.text, flushed.logprobs, flushed.stopped) == ("ST", (entry(0),), False)
+    assert (flushed.text, flushed.logprobs, flushed.matched) == ("ST", (entry(0),), None)
+    assert not flushed.stopped
+
+
+def test_sequence_names_the_stop_string_that_ended_it_of_several() -> None:
+    seq = sequence(stop=("never", "END", "EN"))
+    first = seq.push(b"one E", entry(0))
+    assert (first.text, first.matched) == ("one ", None)
+    ended = seq.push(b"ND two", entry(1))
+    assert (ended.text, ended.matched) == ("", "END")  # END and EN start at the same place: END is listed first

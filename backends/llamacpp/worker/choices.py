@@ -2,9 +2,10 @@
 or one completion object.
 
 Each choice has its own ticket (the scheduler runs them as one group sharing the prompt's KV), its own
-`ChatOutput` (text or tool calls) and its own `finish_reason`. Usage counts the prompt once and every
-choice's completion tokens. Log-probabilities ride with the chunk that carries their token's text; a
-token whose text is still held back (a possible stop string or tool call) goes out with the next chunk.
+`ChatOutput` (text or tool calls), its own `finish_reason` and, when a stop string ended it, its
+`stop_reason` (that string, as vLLM names it). Usage counts the prompt once and every choice's completion
+tokens. Log-probabilities ride with the chunk that carries their token's text; a token whose text is still
+held back (a possible stop string or tool call) goes out with the next chunk.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class Choice:
         if self.output.calls and (self.finished.reason == "stop" or self.output.done):
             return "tool_calls"
         return "length" if self.finished.reason == "length" else "stop"
+
+    def stop_reason(self) -> str | None:
+        """The stop string that ended the choice (vLLM's `stop_reason`), when one did and the choice ends
+        "stop": None on an end-of-generation token, at `length`, and for a choice that ends in tool calls."""
+        assert self.finished is not None
+        return self.finished.matched if self.finish_reason() == "stop" else None
 
 
 def failure(event: Failed) -> WorkerError:

@@ -87,11 +87,17 @@ def _chat_lp(choice: Choice) -> dict[str, Any] | None:
 
 
 def _finish_frames(choice: Choice, render: Renderer) -> list[bytes]:
+    """A choice's finishing frames: what its output held back, then its `finish_reason` (and `stop_reason`).
+
+    The reasons are read only after `output.finish()`: the held-back text may complete the reply's calls
+    (`ChatOutput.done`), which makes the finish "tool_calls"."""
     if render.kind != "chat":
-        return [sse(render.text_chunk("", choice.finish_reason(), index=choice.index))]
+        chunk = render.text_chunk("", choice.finish_reason(), index=choice.index, stop_reason=choice.stop_reason())
+        return [sse(chunk)]
     frames = [sse(render.chunk(d, index=choice.index, logprobs=_chat_lp(choice))) for d in choice.output.finish()]
     lp = _chat_lp(choice) if choice.pending else None
-    frames.append(sse(render.chunk({}, choice.finish_reason(), index=choice.index, logprobs=lp)))
+    finish, matched = choice.finish_reason(), choice.stop_reason()
+    frames.append(sse(render.chunk({}, finish, index=choice.index, logprobs=lp, stop_reason=matched)))
     return frames
 
 
@@ -122,9 +128,11 @@ async def collect(choices: Sequence[Choice], render: Renderer, receive: Receive)
 
 
 def _choice_body(choice: Choice, render: Renderer, text: str) -> dict[str, Any]:
+    """A finished choice's body; its reasons are read after `message` (see `_finish_frames`)."""
     if render.kind != "chat":
         lp = completion_logprobs(choice.every) if choice.logprobs else None
-        return render.text_choice(choice.index, text, choice.finish_reason(), lp)
+        return render.text_choice(choice.index, text, choice.finish_reason(), lp, stop_reason=choice.stop_reason())
     content, calls = message(choice)
     lp = chat_logprobs(choice.every) if choice.logprobs else None
-    return render.chat_choice(choice.index, content, choice.finish_reason(), calls, lp)
+    finish, matched = choice.finish_reason(), choice.stop_reason()
+    return render.chat_choice(choice.index, content, finish, calls, lp, stop_reason=matched)

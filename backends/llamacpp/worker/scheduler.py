@@ -429,8 +429,8 @@ class Scheduler:
             self._outbox.put(seq.ticket, delta)
         out_of_tokens = request.max_tokens is not None and seq.n_generated >= request.max_tokens
         out_of_context = len(request.prompt) + seq.n_generated >= self._n_ctx
-        if emitted.stopped:
-            self._release(seq, Finished("stop", seq.usage()), aborted=False)
+        if emitted.matched is not None:
+            self._release(seq, Finished("stop", seq.usage(), emitted.matched), aborted=False)
         elif out_of_tokens or out_of_context:
             self._finish(seq, "length")
         else:
@@ -442,7 +442,8 @@ class Scheduler:
         delta = emitted.delta()
         if delta is not None:
             self._outbox.put(seq.ticket, delta)
-        self._release(seq, Finished("stop" if emitted.stopped else reason, seq.usage()), aborted=False)
+        finished = Finished("stop" if emitted.stopped else reason, seq.usage(), emitted.matched)
+        self._release(seq, finished, aborted=False)
 
     def _release(self, seq: SeqState, event: Finished | Failed, *, aborted: bool) -> None:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""

@@ -32,12 +32,16 @@ class Slot:
 
 
 class Emitted(NamedTuple):
-    """What one token (or the end of generation) releases: text, the entries riding with it, and whether
-    a stop string ended the text."""
+    """What one token (or the end of generation) releases: text, the entries riding with it, and the stop
+    string that ended the text (None when none did)."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...]
-    stopped: bool
+    matched: str | None
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
 
     def delta(self) -> TextDelta | None:
         return TextDelta(self.text, self.logprobs) if self.text or self.logprobs else None
@@ -102,18 +106,19 @@ class SeqState:
         if self.logprobs is not None and entry is not None:
             self.logprobs.add(entry, len(text))
         result = self.stops.push(text)
-        return self._emitted(result.text, result.stopped, final=False)
+        return self._emitted(result.text, result.matched, final=False)
 
     def flush(self) -> Emitted:
         """Generation ended on EOS or a limit: release the held-back text (it may still complete a stop)."""
         result = self.stops.push(self.utf8.flush())
         text = result.text if result.stopped else result.text + self.stops.flush()
-        return self._emitted(text, result.stopped, final=True)
+        return self._emitted(text, result.matched, final=True)
 
-    def _emitted(self, text: str, stopped: bool, *, final: bool) -> Emitted:
+    def _emitted(self, text: str, matched: str | None, *, final: bool) -> Emitted:
         if self.logprobs is None:
-            return Emitted(text, (), stopped)
-        return Emitted(text, self.logprobs.release(len(text), stopped=stopped, final=final), stopped)
+            return Emitted(text, (), matched)
+        entries = self.logprobs.release(len(text), stopped=matched is not None, final=final)
+        return Emitted(text, entries, matched)
 
 
 class Run(NamedTuple):

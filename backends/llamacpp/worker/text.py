@@ -144,17 +144,23 @@ class Utf8Stream:
 
 @dataclass(frozen=True)
 class StopResult:
-    """What may be sent now, and whether a stop string ended the text."""
+    """What may be sent now, and the stop string that ended the text (None while none has)."""
 
     text: str
-    stopped: bool
+    matched: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
 
 
 class StopMatcher:
     """Finds stop strings in generated text and holds back anything that might be the start of one.
 
     Text is released only once it can no longer become part of a stop string, so a stream never shows
-    a partial stop string that later has to be retracted. The stop string itself is never released.
+    a partial stop string that later has to be retracted. The stop string itself is never released; the
+    result names it (`StopResult.matched`): the one that starts first in the text, or of those starting at
+    the same place, the one the request listed first.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
@@ -163,15 +169,16 @@ class StopMatcher:
 
     def push(self, text: str) -> StopResult:
         if not self._stops:
-            return StopResult(text, stopped=False)
+            return StopResult(text)
         buffer = self._held + text
-        first = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
-        if first >= 0:
+        found = [(at, order) for order, at in enumerate(buffer.find(s) for s in self._stops) if at >= 0]
+        if found:
+            at, order = min(found)
             self._held = ""
-            return StopResult(buffer[:first], stopped=True)
+            return StopResult(buffer[:at], self._stops[order])
         keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :]
-        return StopResult(buffer[: len(buffer) - keep], stopped=False)
+        return StopResult(buffer[: len(buffer) - keep])
 
     def flush(self) -> str:
         """The held-back text, when generation ends for a reason other than a stop string."""

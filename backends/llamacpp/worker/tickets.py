@@ -156,8 +156,12 @@ class Started:
 
 @dataclass(frozen=True)
 class Finished:
+    """The sequence ended. `matched`: the stop string (one of the request's `stop`) that ended it, when one
+    did (`reason` is then "stop"); None on an end-of-generation token, a limit or a cancel."""
+
     reason: FinishReason
     usage: Usage
+    matched: str | None = None
 
 
 @dataclass(frozen=True)

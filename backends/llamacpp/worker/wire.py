@@ -81,6 +81,10 @@ class Renderer:
     Chunks never carry `"usage": null`: usage is a final chunk of its own (`choices: []`), sent only when
     the request asked for it, as OpenAI's schema has it (and, asked with `include_prompt_usage`, on the
     first chunk: the prompt's counts, 0 completion tokens).
+
+    A choice that a stop string ended carries `"stop_reason": "<that string>"` beside its `finish_reason`
+    (the whole choice, or a stream's finishing chunk), as vLLM sends it; every other choice leaves the field
+    out (vLLM sends null there), so its keys stay OpenAI's own.
     """
 
     kind: Kind
@@ -105,17 +109,26 @@ class Renderer:
         finish_reason: ResponseFinish,
         tool_calls: Sequence[dict[str, Any]] = (),
         logprobs: dict[str, Any] | None = None,
+        *,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
         if tool_calls:
             message["tool_calls"] = list(tool_calls)
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return _with_stop(choice, stop_reason)
 
     @staticmethod
     def text_choice(
-        index: int, text: str, finish_reason: ResponseFinish | None, logprobs: dict[str, Any] | None = None
+        index: int,
+        text: str,
+        finish_reason: ResponseFinish | None,
+        logprobs: dict[str, Any] | None = None,
+        *,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return _with_stop(choice, stop_reason)
 
     def chunk(
         self,
@@ -124,10 +137,12 @@ class Renderer:
         *,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """A streamed chat delta (`{"role": ...}`, `{"content": ...}`, `{"tool_calls": [...]}` or `{}`)."""
         body = self._envelope("chat.completion.chunk")
-        body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        body["choices"] = [_with_stop(choice, stop_reason)]
         return body
 
     def text_chunk(
@@ -137,10 +152,11 @@ class Renderer:
         *,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """A streamed text-completion piece."""
         body = self._envelope("text_completion")
-        body["choices"] = [self.text_choice(index, text, finish_reason, logprobs)]
+        body["choices"] = [self.text_choice(index, text, finish_reason, logprobs, stop_reason=stop_reason)]
         return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
@@ -148,6 +164,13 @@ class Renderer:
         body["choices"] = []
         body["usage"] = usage_body(usage)
         return body
+
+
+def _with_stop(choice: dict[str, Any], stop_reason: str | None) -> dict[str, Any]:
+    """`choice` with vLLM's `stop_reason` (the stop string that ended it) when one did."""
+    if stop_reason is not None:
+        choice["stop_reason"] = stop_reason
+    return choice
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
