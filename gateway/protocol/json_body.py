@@ -40,11 +40,15 @@ def _finite(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
+"""Made once: `json.loads` with these hooks would build a decoder and its scanner on every request."""
+
+
 def load_json(raw: bytes, *, dotted: bool = False) -> Any:
     """`raw` decoded, or a 400 `GatewayError` (see the module docstring); `dotted` names parameters
     Anthropic's way (`messages.0.content`) instead of OpenAI's (`messages[0].content`)."""
     try:
-        data = json.loads(raw, parse_constant=_constant, parse_float=_finite)
+        data = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads does
     except RecursionError:
         raise _too_deep(None) from None
     except (ValueError, UnicodeDecodeError) as exc:

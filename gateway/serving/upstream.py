@@ -12,10 +12,10 @@ transport errors and the mapping of the worker's error answers to the gateway's 
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any
 
 import httpx
+import pydantic_core
 
 from backends.base import UpstreamError
 from backends.request import ENGINE_PATHS, AnyEngineRequest
@@ -80,12 +80,9 @@ class Upstream:
         """The worker call, built as an `httpx.Request` itself: the client's `build_request` merges its default
         headers, cookies and parameters on every call (about half the cost), none of which a worker reads."""
         url = self._url(request)
-        body = json.dumps(
-            self.deployment.adapter.translate_request(request),
-            ensure_ascii=False,
-            separators=(",", ":"),
-            allow_nan=False,
-        ).encode()
+        # pydantic-core's encoder: the same compact UTF-8 bytes as `json.dumps(ensure_ascii=False)`, in one call
+        # (a body cannot hold NaN: `gateway.protocol.json_body` refuses it)
+        body = pydantic_core.to_json(self.deployment.adapter.translate_request(request), inf_nan_mode="null")
         worker = self.deployment.worker  # its headers: a cluster worker's launch secret; none locally
         headers = [*_JSON_HEADERS, *worker.headers.items()] if worker.headers else _JSON_HEADERS
         extensions = {"timeout": self._timeout_ext, WORKER_EXTENSION: worker}
