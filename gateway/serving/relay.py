@@ -87,7 +87,7 @@ class ClientLine:
 
     `RelayResponse` attaches its ASGI `send`; until then (a caller iterating the body itself) a keep-alive is
     held and handed to the body, which yields it before its next run. A keep-alive that fails to send makes the
-    body's next write fail; the disconnect itself is seen by Starlette's receive watcher, which cancels the
+    body's next write fail; the disconnect itself is seen by `RelayResponse`'s receive watcher, which cancels the
     body's task (and with it the upstream read: the worker aborts the generation).
     """
 
@@ -153,9 +153,33 @@ class RelayResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream the body in this task while a watcher task waits for the client's `http.disconnect` and then
+        cancels it (the upstream read with it: the worker aborts the generation); a disconnect ends the call
+        normally. Starlette's own `__call__` does the same for ASGI servers before spec 2.4 (uvicorn's) with an
+        anyio task group and a second task for the body, on the path to every stream's first token."""
+        task = asyncio.current_task()
+        assert task is not None and scope["type"] == "http"
+        state = {"streaming": True, "gone": False}
+
+        async def watch() -> None:
+            try:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            except Exception:  # a receive that fails says nothing of the client
+                return
+            if state["streaming"]:
+                state["gone"] = True
+                task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not state["gone"] or task.uncancel() > 0:
+                raise  # not (only) the client's disconnect: the server is stopping
         finally:
+            state["streaming"] = False
+            watcher.cancel()
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             await self._on_close()
@@ -348,8 +372,8 @@ class _ReadAhead:
 
         The pending read is cancelled exactly once and left to unwind on its own: httpcore closes the
         upstream connection while unwinding (so the worker aborts the generation). Awaiting the task
-        directly would forward every further cancellation of this task into it (Starlette re-cancels a
-        disconnected response's task), interrupt that cleanup and leave the connection open and the worker
+        directly would forward every further cancellation of this task into it (a client that leaves, then
+        the server stopping, cancel it again), interrupt that cleanup and leave the connection open and the worker
         generating for a client that is gone.
         """
         self._timer.cancel()

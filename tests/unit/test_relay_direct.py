@@ -122,3 +122,27 @@ async def test_client_that_leaves_cancels_the_upstream_read_at_once() -> None:
     sent = await asyncio.wait_for(serve(upstream, receive_disconnect_after=0.1), timeout=5)
     assert upstream.closed.is_set()
     assert sent[0] == CHUNK and DONE_FRAME not in sent
+
+
+async def test_a_cancelled_response_task_is_not_taken_for_a_client_that_left() -> None:
+    """The server stopping cancels the response's task: `RelayResponse` re-raises it (only its own disconnect
+    watcher's cancel ends the call normally), and the upstream is let go all the same."""
+    upstream = Upstream(CHUNK, 30.0, CHUNK, DONE_FRAME)
+    task = asyncio.ensure_future(serve(upstream))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    try:
+        await asyncio.wait_for(task, timeout=5)
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the cancellation was swallowed")
+    assert upstream.closed.is_set()
+
+
+async def test_a_client_that_leaves_at_once_ends_the_call_normally_with_the_session_closed() -> None:
+    """A disconnect seen before the first body write: the call returns (no CancelledError escapes to the
+    server) and `on_close` ran (`serve` checks it)."""
+    upstream = Upstream(0.5, CHUNK, DONE_FRAME)
+    await asyncio.wait_for(serve(upstream, receive_disconnect_after=0.0), timeout=5)
+    assert upstream.closed.is_set()
