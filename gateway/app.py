@@ -16,7 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineName
 from backends.llamacpp import LlamaCppAdapter
@@ -40,8 +43,9 @@ from gateway.ops.store import ResponseStore
 from gateway.reload import Desired, Planner, Reloader
 from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
+from gateway.routes.direct import DirectDispatch
 from gateway.serving.admission import Admission
-from gateway.serving.middleware import BodyLimitMiddleware, ErrorBoundaryMiddleware, RequestIdMiddleware
+from gateway.serving.middleware import BodyLimitMiddleware, RequestEdgeMiddleware
 from gateway.serving.service import Service
 from gateway.serving.vision_parts import ImageIntake
 from gateway.translate.messages import anthropic_error_body
@@ -130,8 +134,22 @@ def create_app(
     return _fastapi(lifespan, config, metrics)
 
 
+class GatewayApp(FastAPI):
+    """FastAPI, with the fixed-path inference endpoints dispatched ahead of its own stack (`DirectDispatch`)
+    and the gateway's middlewares (`edges`) around both."""
+
+    edges: Callable[[ASGIApp], ASGIApp] = staticmethod(lambda app: app)
+    direct_routes: Sequence[BaseRoute] = ()
+
+    def build_middleware_stack(self) -> ASGIApp:
+        fastapi_stack = super().build_middleware_stack()
+        if isinstance(fastapi_stack, ServerErrorMiddleware):  # the gateway's error boundary answers a bug, in the
+            fastapi_stack = fastapi_stack.app  # route's API shape (Starlette's would answer first, in plain text)
+        return self.edges(DirectDispatch(fastapi_stack, self.direct_routes, self.exception_handlers))
+
+
 def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metrics) -> FastAPI:
-    app = FastAPI(
+    app = GatewayApp(
         title="voltgate",
         version=__version__,
         description="OpenAI-compatible gateway for V100 GPUs (LMDeploy TurboMind FP16 and llama.cpp GGUF).",
@@ -139,9 +157,10 @@ def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metric
     )
     for router in (inference, responses, messages, models, ops, admin, ui):
         app.include_router(router.router)
+    app.direct_routes = [route for router in (inference, responses, messages) for route in router.router.routes]
     _install_error_handlers(app)
     install_openapi(app)
-    _install_middleware(app, config, metrics)
+    app.edges = lambda inner: _edges(inner, config, metrics)
     return app
 
 
@@ -174,19 +193,18 @@ def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
         log.error("model %s not served: %s", name, reason)
 
 
-def _install_middleware(app: FastAPI, config: Config, metrics: Metrics) -> None:
-    """Outermost last: request id → error boundary → CORS → body limit → the routes."""
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes, render=_render_error)
+def _edges(app: ASGIApp, config: Config, metrics: Metrics) -> ASGIApp:
+    """The gateway's middlewares, outermost last: request id and error boundary → CORS → body limit → `app`."""
+    app = BodyLimitMiddleware(app, max_bytes=config.server.max_body_bytes, render=_render_error)
     if config.server.cors_origins:  # browser frontends served from another origin
-        app.add_middleware(
-            CORSMiddleware,
+        app = CORSMiddleware(
+            app,
             allow_origins=list(config.server.cors_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["*"],
             expose_headers=["x-request-id", "openai-processing-ms", "retry-after"],
         )
-    app.add_middleware(ErrorBoundaryMiddleware, metrics=metrics, render=_render_error)
-    app.add_middleware(RequestIdMiddleware)
+    return RequestEdgeMiddleware(app, metrics=metrics, render=_render_error)
 
 
 def _deployment(
@@ -266,7 +284,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         param = ".".join(str(p) for p in first["loc"][1:]) or None
         return error_response(GatewayError(ErrorCode.INVALID_REQUEST, str(first["msg"]), param=param))
 
-    # Any other exception is a bug: `ErrorBoundaryMiddleware` answers it (not Starlette's ServerErrorMiddleware,
+    # Any other exception is a bug: `RequestEdgeMiddleware` answers it (not Starlette's ServerErrorMiddleware,
     # which re-raises, so the server drops the connection and the answer has no x-request-id).
 
 

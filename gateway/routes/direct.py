@@ -4,18 +4,23 @@ FastAPI's route handler solves the endpoint's dependencies, reads and validates 
 and serialises a returned model, on every request. An endpoint whose one parameter is the `Request` (every
 inference route: they parse their own bodies, `gateway.protocol.parsing`) needs none of it, and on the chat
 pass-through that work comes before the first token (`bench/relay_seam.py`). The route stays an `APIRoute`:
-the OpenAPI schema, the exception handlers and FastAPI's per-request exit stacks are unchanged.
+the OpenAPI schema and the exception handlers are FastAPI's.
+
+`DirectDispatch` goes one step further for the fixed-path POST endpoints: it calls them ahead of FastAPI's
+own middleware stack and router, which they do not need (`gateway.app.GatewayApp`).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
 
 from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -38,3 +43,49 @@ class DirectRoute(APIRoute):
         if takes_request_only(self.endpoint):
             return cast(Handler, self.endpoint)
         return super().get_route_handler()
+
+
+ExceptionHandler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
+
+
+class DirectDispatch:
+    """Serve the fixed-path `DirectRoute` POST endpoints ahead of FastAPI's own stack, as raw ASGI.
+
+    FastAPI wraps every request in its server-error, telemetry, body-limit, exception and exit-stack
+    middlewares and the router's match over every route; each adds a frame to the request and a send
+    wrapper to every chunk of a stream. An inference endpoint needs none of it: its handler takes the
+    `Request`, raises `GatewayError` (rendered here by the app's own exception handler, as FastAPI would)
+    and returns a `Response`. Every other request (other methods, paths with parameters, the docs) goes
+    to `fallback`, FastAPI's stack, unchanged. The gateway's own middlewares wrap both.
+    """
+
+    def __init__(self, fallback: ASGIApp, routes: Sequence[BaseRoute], handlers: Mapping[Any, Any]) -> None:
+        self.fallback = fallback
+        self.endpoints: dict[str, Handler] = {
+            route.path: route.endpoint
+            for route in routes
+            if isinstance(route, DirectRoute) and route.methods == {"POST"} and "{" not in route.path
+            and takes_request_only(route.endpoint)
+        }  # fmt: skip
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.fallback(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            handler = self._handler(exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+    def _handler(self, exc: Exception) -> ExceptionHandler | None:
+        for cls in type(exc).__mro__:
+            if cls in self.handlers:
+                return cast(ExceptionHandler, self.handlers[cls])
+        return None

@@ -45,7 +45,7 @@ def _error(exc: GatewayError) -> JSONResponse:
 
 async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
     """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope (any
-    other exception is a bug, answered by `gateway.serving.middleware.ErrorBoundaryMiddleware` in the same envelope)."""
+    other exception is a bug, answered by `gateway.serving.middleware.RequestEdgeMiddleware` in the same envelope)."""
     try:
         return await handle()
     except GatewayError as exc:

@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-from starlette.datastructures import MutableHeaders
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,31 +27,7 @@ ENDPOINTS = {
 """The endpoint label of a path (bounded: every other path is counted under its first two segments)."""
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-class RequestIdMiddleware:
-    """Echo the client's `x-request-id` (or make one) and add `openai-processing-ms` to every response."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-        supplied = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
-        request_id = supplied if supplied and _SAFE_ID.match(supplied) else f"req_{uuid.uuid4().hex}"
-        scope.setdefault("state", {})["request_id"] = request_id
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers["x-request-id"] = request_id
-                headers["openai-processing-ms"] = str(int((time.monotonic() - started) * 1000))
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+_EDGE_HEADERS = (b"x-request-id", b"openai-processing-ms")  # set here, last: a response never has two
 
 
 class BodyLimitMiddleware:
@@ -99,16 +74,21 @@ def endpoint_label(path: str) -> str:
     return "admin" if path.startswith("/admin") else "other"
 
 
-class ErrorBoundaryMiddleware:
-    """The one place an unexpected exception (a bug: anything but a `GatewayError`, which the routes render)
-    becomes an answer, for every route and whatever raised it, body parsing included.
+class RequestEdgeMiddleware:
+    """Every HTTP request's outermost layer: its id, and the one place an unexpected exception becomes an answer.
 
-    Before the response has started: a 500 in the route's API shape (`render(path, error)`: OpenAI's
-    envelope, Anthropic's on /v1/messages), which `RequestIdMiddleware` (outside this one) gives its
+    Request id: the client's `x-request-id` is echoed (or one is made), and every response carries it and
+    `openai-processing-ms`.
+
+    Error boundary: an exception that reaches here (a bug: anything but a `GatewayError`, which the routes
+    render), whatever raised it, body parsing included. Before the response has started: a 500 in the route's
+    API shape (`render(path, error)`: OpenAI's envelope, Anthropic's on /v1/messages), with its
     `x-request-id`; the request is counted and gets its access-log line unless its route accounted it
     already; the exception is logged with its traceback. The exception is not re-raised, so the server keeps
     the keep-alive connection usable. After the response has started (a stream): the body is ended, so the
     client sees the end of a chunked response rather than a reset connection.
+
+    One layer for both, so a streamed response's every chunk passes one send wrapper here, not two.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics, render: Callable[[str, GatewayError], Response]) -> None:
@@ -120,15 +100,25 @@ class ErrorBoundaryMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started_at, response_started = time.monotonic(), False
+        started = time.monotonic()
+        supplied = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
+        request_id = supplied if supplied and _SAFE_ID.match(supplied) else f"req_{uuid.uuid4().hex}"
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        response_started = False
 
-        async def tracking_send(message: Message) -> None:
+        async def edge_send(message: Message) -> None:
             nonlocal response_started
-            response_started = response_started or message["type"] == "http.response.start"
+            if not response_started and message["type"] == "http.response.start":
+                response_started = True
+                headers = [(k, v) for k, v in message.get("headers", ()) if k not in _EDGE_HEADERS]
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                headers.append((b"openai-processing-ms", str(int((time.monotonic() - started) * 1000)).encode()))
+                message["headers"] = headers
             await send(message)
 
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, edge_send)
         except Exception:
             path = str(scope.get("path", ""))
             log.exception("unhandled error on %s %s", scope.get("method"), path)
@@ -136,11 +126,9 @@ class ErrorBoundaryMiddleware:
                 with contextlib.suppress(Exception):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            state = scope.setdefault("state", {})
             ctx = state.get(CONTEXT_KEY)
             if not isinstance(ctx, RequestContext):
-                request_id = str(state.get("request_id", "-"))
-                ctx = RequestContext(request_id, ANONYMOUS, started_at, api=endpoint_label(path))
+                ctx = RequestContext(request_id, ANONYMOUS, started, api=endpoint_label(path))
             if not ctx.accounted:
                 account(self.metrics, ctx, "unknown", 500, None)
-            await self.render(path, internal_error())(scope, receive, send)
+            await self.render(path, internal_error())(scope, receive, edge_send)

@@ -45,7 +45,7 @@ _PROGRESS = f'"{PROGRESS_KEY}":'.encode()  # as it appears in a progress chunk's
 PROGRESS_INTERVAL_S = 1.0
 """With progress chunks on, how often a stream waiting for a load hears where it stands."""
 CONTEXT_KEY = "voltgate_request"
-"""Where a route keeps its `RequestContext` in the ASGI scope's state, so that `ErrorBoundaryMiddleware`
+"""Where a route keeps its `RequestContext` in the ASGI scope's state, so that `RequestEdgeMiddleware`
 accounts a request that failed unexpectedly exactly once (not again when the route already did)."""
 
 

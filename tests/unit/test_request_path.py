@@ -1,20 +1,25 @@
 """The request path's shortcuts before the first token: `DirectRoute` handlers, the worker URL kept parsed,
-the worker body's defaults made once. Each must behave as the long way did."""
+the worker body's defaults made once, the fixed-path endpoints dispatched ahead of FastAPI's stack. Each must
+behave as the long way did."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.responses import JSONResponse, Response
 
 from backends.remote import RemoteAdapter
 from backends.request import EngineRequest
+from gateway.app import create_app
+from gateway.config import Config
 from gateway.deployments import Deployment
-from gateway.routes.direct import DirectRoute, takes_request_only
+from gateway.routes.direct import DirectDispatch, DirectRoute, takes_request_only
 from gateway.serving.upstream import Upstream
 
 
@@ -82,3 +87,44 @@ def test_wire_leaves_top_level_defaults_out_and_keeps_the_rest() -> None:
     streamed = EngineRequest.model_validate(body | {"stream": True, "stream_options": {"include_usage": True}})
     assert streamed.wire()["stream"] is True
     assert streamed.wire()["stream_options"] == {"include_usage": True}
+
+
+def test_worker_body_bytes_are_what_json_dumps_gave() -> None:
+    worker = SimpleNamespace(headers={}, base_url=lambda: "http://127.0.0.1:9001")
+    upstream = Upstream(cast(Deployment, SimpleNamespace(worker=worker, adapter=RemoteAdapter())),
+                        httpx.AsyncClient(), httpx.Timeout(5.0))  # fmt: skip
+    request = EngineRequest(model="m", prompt='é ü "q" \u2028 \U0001f600', temperature=0.7, max_tokens=8, stop=("\n",))
+    sent = upstream._request(request).content
+    assert sent == json.dumps(request.wire(), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _gateway_app() -> FastAPI:
+    config = Config.model_validate(
+        {"gpus": "none", "models": [{"name": "m", "sources": [{"remote": "http://127.0.0.1:9/v1"}]}]}
+    )
+    return create_app(config, [])
+
+
+def test_direct_dispatch_takes_the_fixed_post_endpoints_and_nothing_else() -> None:
+    stack = _gateway_app().build_middleware_stack()
+    while not isinstance(stack, DirectDispatch):
+        stack = stack.app  # type: ignore[attr-defined]
+    assert set(stack.endpoints) == {
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/reranking",
+        "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    }  # fmt: skip
+    assert not isinstance(stack.fallback, ServerErrorMiddleware)  # a bug is answered by the gateway's edge
+
+
+def test_direct_dispatch_renders_errors_as_fastapi_did_and_leaves_other_methods_to_it() -> None:
+    with TestClient(_gateway_app()) as client:
+        refused = client.post("/v1/chat/completions", json={"model": "m"}, headers={"x-request-id": "r-1"})
+        assert refused.status_code == 400 and refused.headers["x-request-id"] == "r-1"
+        assert refused.json()["error"]["param"] == "messages"
+        unknown = client.post(
+            "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        wrong_method = client.get("/v1/chat/completions")
+        assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"].startswith("Method GET")
+        assert "openai-processing-ms" in wrong_method.headers
