@@ -145,7 +145,7 @@ class GatewayApp(FastAPI):
         fastapi_stack = super().build_middleware_stack()
         if isinstance(fastapi_stack, ServerErrorMiddleware):  # the gateway's error boundary answers a bug, in the
             fastapi_stack = fastapi_stack.app  # route's API shape (Starlette's would answer first, in plain text)
-        return self.edges(DirectDispatch(fastapi_stack, self.direct_routes, self.exception_handlers))
+        return self.edges(DirectDispatch(fastapi_stack, self.direct_routes, error_response))
 
 
 def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metrics) -> FastAPI:

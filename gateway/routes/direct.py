@@ -13,7 +13,7 @@ own middleware stack and router, which they do not need (`gateway.app.GatewayApp
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, cast
 
 from fastapi import Request
@@ -21,6 +21,8 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import GatewayError
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -45,21 +47,20 @@ class DirectRoute(APIRoute):
         return super().get_route_handler()
 
 
-ExceptionHandler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
-
-
 class DirectDispatch:
     """Serve the fixed-path `DirectRoute` POST endpoints ahead of FastAPI's own stack, as raw ASGI.
 
     FastAPI wraps every request in its server-error, telemetry, body-limit, exception and exit-stack
     middlewares and the router's match over every route; each adds a frame to the request and a send
     wrapper to every chunk of a stream. An inference endpoint needs none of it: its handler takes the
-    `Request`, raises `GatewayError` (rendered here by the app's own exception handler, as FastAPI would)
-    and returns a `Response`. Every other request (other methods, paths with parameters, the docs) goes
-    to `fallback`, FastAPI's stack, unchanged. The gateway's own middlewares wrap both.
+    `Request`, raises `GatewayError` (rendered by `render`, the function FastAPI's handler for it calls) and
+    returns a `Response`; any other exception is a bug, for the gateway's error boundary outside. Every other
+    request (other methods, paths with parameters, the docs) goes to `fallback`, FastAPI's stack, unchanged.
     """
 
-    def __init__(self, fallback: ASGIApp, routes: Sequence[BaseRoute], handlers: Mapping[Any, Any]) -> None:
+    def __init__(
+        self, fallback: ASGIApp, routes: Sequence[BaseRoute], render: Callable[[GatewayError], Response]
+    ) -> None:
         self.fallback = fallback
         self.endpoints: dict[str, Handler] = {
             route.path: route.endpoint
@@ -67,25 +68,15 @@ class DirectDispatch:
             if isinstance(route, DirectRoute) and route.methods == {"POST"} and "{" not in route.path
             and takes_request_only(route.endpoint)
         }  # fmt: skip
-        self.handlers = handlers
+        self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None or scope["method"] != "POST":
             await self.fallback(scope, receive, send)
             return
-        request = Request(scope, receive, send)
         try:
-            response = await endpoint(request)
-        except Exception as exc:
-            handler = self._handler(exc)
-            if handler is None:
-                raise
-            response = await handler(request, exc)
+            response = await endpoint(Request(scope, receive, send))
+        except GatewayError as exc:
+            response = self.render(exc)
         await response(scope, receive, send)
-
-    def _handler(self, exc: Exception) -> ExceptionHandler | None:
-        for cls in type(exc).__mro__:
-            if cls in self.handlers:
-                return cast(ExceptionHandler, self.handlers[cls])
-        return None

@@ -159,26 +159,27 @@ class RelayResponse(StreamingResponse):
         anyio task group and a second task for the body, on the path to every stream's first token."""
         task = asyncio.current_task()
         assert task is not None and scope["type"] == "http"
-        state = {"streaming": True, "gone": False}
+        streaming, gone = True, False
 
         async def watch() -> None:
+            nonlocal gone
             try:
                 while (await receive())["type"] != "http.disconnect":
                     pass
             except Exception:  # a receive that fails says nothing of the client
                 return
-            if state["streaming"]:
-                state["gone"] = True
+            if streaming:
+                gone = True
                 task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
-            if not state["gone"] or task.uncancel() > 0:
+            if not gone or task.uncancel() > 0:
                 raise  # not (only) the client's disconnect: the server is stopping
         finally:
-            state["streaming"] = False
+            streaming = False
             watcher.cancel()
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
