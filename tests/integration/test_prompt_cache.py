@@ -10,7 +10,7 @@ from backends.base import DeploymentPlan, EngineName, LlamaCppOptions
 from backends.llamacpp.adapter import LlamaCppAdapter
 from backends.llamacpp.worker.cli import build_parser
 from backends.llamacpp.worker.prompt_cache import MIN_SAVE_TOKENS, HostPrompts, PromptCache
-from backends.llamacpp.worker.slots import Slot, common_prefix_len
+from backends.llamacpp.worker.slots import Origin, Slot, common_prefix_len
 
 TOOLS = list(range(1000, 3000))  # a long tools prefix
 TITLE = list(range(50, 400))  # a background task sharing nothing with it
@@ -46,8 +46,10 @@ def host(limit: int) -> tuple[HostPrompts, FakeModel]:
 
 
 def slot_holding(model: FakeModel, tokens: list[int]) -> Slot:
+    """Slot 0 holding `tokens`, left by a request whose prompt was all of them (on the CPU's policy: worth
+    keeping; `tests/unit/test_prompt_cache_policy.py` tests the policy itself)."""
     model.seqs[0] = list(tokens)
-    return Slot(0, cached=list(tokens))
+    return Slot(0, cached=list(tokens), origin=Origin(len(tokens), 0))
 
 
 def test_an_overwritten_slot_is_saved_and_restored_for_the_prompt_that_shares_it() -> None:

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -30,7 +30,7 @@ from backends.llamacpp.worker.httpkit import (
 )
 from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.output import ChatOutput
-from backends.llamacpp.worker.prompt_cache import PromptCache
+from backends.llamacpp.worker.prompt_cache import PromptCache, SavePolicy
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.worker.text import ChatTemplateError
@@ -55,6 +55,8 @@ class WorkerSpec:
     sampling_threads: int = 1
     prompt_cache_mib: int = 0
     """Host memory for KV states of overwritten slots (`prompt_cache`); 0 = off."""
+    save_policy: SavePolicy = field(default_factory=SavePolicy)
+    """Which slot states are worth that copy (`prompt_cache.SavePolicy`)."""
     mmproj: Path | None = None
     """The multimodal projector GGUF: with one, requests may carry images."""
 
@@ -82,6 +84,7 @@ class _Engine:
             on_fatal=on_fatal,
             images=self._eval_image if self.projector is not None else None,
             prompt_cache=PromptCache(spec.prompt_cache_mib * 2**20),
+            save_policy=spec.save_policy,
         )
         self.scheduler.start()
 

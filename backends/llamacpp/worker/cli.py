@@ -26,7 +26,12 @@ from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
 from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
 from backends.llamacpp.worker.native import ContextOptions
-from backends.llamacpp.worker.prompt_cache import DEFAULT_PROMPT_CACHE_MIB
+from backends.llamacpp.worker.prompt_cache import (
+    DEFAULT_PROMPT_CACHE_MIB,
+    LONG_PROMPT_TOKENS_CPU,
+    LONG_PROMPT_TOKENS_GPU,
+    SavePolicy,
+)
 
 log = logging.getLogger("voltgate.worker")
 
@@ -43,6 +48,16 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not >= 0")
     return value
+
+
+def _auto_or_non_negative(text: str) -> int | str:
+    return text if text == "auto" else _non_negative(text)
+
+
+def _long_prompt_tokens(args: argparse.Namespace) -> int:
+    if args.prompt_cache_min_tokens != "auto":
+        return int(args.prompt_cache_min_tokens)
+    return LONG_PROMPT_TOKENS_GPU if args.n_gpu_layers != 0 else LONG_PROMPT_TOKENS_CPU
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +130,14 @@ def _decoding_args(p: argparse.ArgumentParser) -> None:
         help="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later prompt "
         "shares more with it than with any free slot (like llama-server's --cache-ram); 0 = off",
     )
+    p.add_argument(
+        "--prompt-cache-min-tokens",
+        type=_auto_or_non_negative,
+        default="auto",
+        help="a prompt at least this long is worth a copy of its KV to host memory even before it is reused "
+        f"(reused prefixes and named sessions always are); auto = {LONG_PROMPT_TOKENS_CPU} on the CPU, "
+        f"{LONG_PROMPT_TOKENS_GPU} when layers are on a GPU, where the copy costs about a short prompt's prefill",
+    )
 
 
 def _task_args(p: argparse.ArgumentParser) -> None:
@@ -168,6 +191,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
         sampling_threads=args.sampling_threads,
         prompt_cache_mib=args.prompt_cache_mib,
+        save_policy=SavePolicy(_long_prompt_tokens(args)),
         mmproj=args.mmproj,
     )
 

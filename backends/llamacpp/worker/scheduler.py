@@ -44,8 +44,17 @@ from dataclasses import dataclass
 from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
-from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache
-from backends.llamacpp.worker.slots import Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
+from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache, SavePolicy
+from backends.llamacpp.worker.slots import (
+    Origin,
+    Run,
+    SeqState,
+    Slot,
+    common_prefix_len,
+    fillers,
+    pick_slot,
+    run_order,
+)
 from backends.llamacpp.worker.tickets import (
     Event,
     Failed,
@@ -97,6 +106,12 @@ class SchedulerStats:
     tokens_per_second: float
     prompt_cache_states: int  # KV states saved to host memory (`prompt_cache`), and their bytes
     prompt_cache_bytes: int
+    prompt_cache_saved_total: int  # states copied to host memory, of which while the engine was idle
+    prompt_cache_saved_idle_total: int
+    prompt_cache_restored_total: int
+    prompt_cache_restored_tokens_total: int
+    prompt_cache_save_seconds_total: float  # engine time copying states, of which on requests' path
+    prompt_cache_save_seconds_in_path: float
 
 
 class Scheduler:
@@ -124,6 +139,7 @@ class Scheduler:
         on_fatal: Callable[[str], None] | None = None,
         images: ImageEvaluator | None = None,
         prompt_cache: PromptCache | None = None,
+        save_policy: SavePolicy | None = None,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -134,7 +150,7 @@ class Scheduler:
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
         self._images = images
-        self._host = HostPrompts(model, prompt_cache or PromptCache(0))  # see `prompt_cache`
+        self._host = HostPrompts(model, prompt_cache or PromptCache(0), save_policy)  # see `prompt_cache`
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
@@ -221,6 +237,12 @@ class Scheduler:
                 tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
                 prompt_cache_states=saved.entries,
                 prompt_cache_bytes=saved.bytes,
+                prompt_cache_saved_total=saved.saved_total,
+                prompt_cache_saved_idle_total=saved.saved_idle_total,
+                prompt_cache_restored_total=saved.restored_total,
+                prompt_cache_restored_tokens_total=saved.restored_tokens_total,
+                prompt_cache_save_seconds_total=saved.save_seconds_total,
+                prompt_cache_save_seconds_in_path=saved.save_seconds_in_path,
             )
 
     def _wake(self) -> None:
@@ -243,6 +265,7 @@ class Scheduler:
 
     def _next_round(self) -> bool:
         """Wait for work, admit queued requests into free slots, drop cancelled ones."""
+        self._save_while_idle()
         with self._cond:
             if not self._closed and not self._running and not self._waiting:
                 self._outbox.flush()
@@ -264,13 +287,25 @@ class Scheduler:
             self._release(seq, Finished("cancelled", seq.usage()), aborted=True)
         return True
 
+    def _save_while_idle(self) -> None:
+        """With nothing running or waiting, copy the free slots worth keeping to host memory, one at a time
+        (a request that arrives meanwhile waits for one copy at most), after handing out the last events."""
+        while True:
+            with self._cond:
+                if self._closed or self._running or self._waiting:
+                    return
+            self._outbox.flush()
+            if not self._host.save_idle(self._slots):
+                return
+
     def _admit(self, ticket: Ticket, group: int) -> None:
         prompt = ticket.request.prompt
-        slot = pick_slot(self._slots, prompt)
+        slot = pick_slot(self._slots, prompt, self._host.precious)
         self._host.prepare(slot, prompt)  # saves the slot's KV it overwrites, or loads a longer saved prefix
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
         shared = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
         reuse = self._trim(slot, ticket.request.reusable(shared))
+        slot.origin = Origin(len(prompt), reuse, ticket.request.session_key)
         slot.busy = True
         sampling = ticket.request.sampling
         try:

@@ -6,7 +6,7 @@ Nothing here is thread-safe: only the engine thread (see `scheduler`) creates or
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -22,6 +22,15 @@ if TYPE_CHECKING:  # the slot logic runs without llama.cpp loaded (its unit test
 MIN_REUSE_TOKENS = 16
 
 
+@dataclass(frozen=True)
+class Origin:
+    """What the request that last ran in a slot says about the worth of the KV it left there."""
+
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens it found cached (in the slot or restored from host memory)
+    session_key: str | None = None  # the client's session, when it named one
+
+
 @dataclass
 class Slot:
     """One llama.cpp sequence (one KV stream unless KV is unified) and the tokens whose KV it holds."""
@@ -29,6 +38,7 @@ class Slot:
     seq_id: int
     cached: list[int] = field(default_factory=list)  # by position
     busy: bool = False
+    origin: Origin | None = None  # set when a request is admitted into it
 
 
 class Emitted(NamedTuple):
@@ -134,15 +144,27 @@ def run_order(run: Run) -> int:
     return run.slot.seq_id
 
 
+_BLOCK = 512
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """The number of leading tokens `a` and `b` share. Blocks of `_BLOCK` are compared as tuples (in C), and
+    only the block holding the first difference token by token: an agent's 30k-token prompt is compared
+    with each slot and saved state at every admission, on the engine thread."""
     n = min(len(a), len(b))
-    for i in range(n):
+    start = 0
+    while start < n:
+        end = min(start + _BLOCK, n)
+        if tuple(a[start:end]) != tuple(b[start:end]):
+            break
+        start = end
+    for i in range(start, min(start + _BLOCK, n)):
         if a[i] != b[i]:
             return i
     return n
 
 
-def pick_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> Slot:
+def pick_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[Slot], bool] | None = None) -> Slot:
     """The free slot that keeps the most cached work: the one whose KV shares the longest prefix with
     `prompt` (if at least `MIN_REUSE_TOKENS` long), less what the new prompt overwrites there.
 
@@ -150,18 +172,24 @@ def pick_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> Slot:
     the one with the least cached, never onto the slot that holds a long hot prefix (a 7k-token tools
     prompt) while another is free: as llama.cpp's server picks slots by prompt similarity, keeping the hot
     prefix for the conversation's next message. Ties go to the lowest id (busy slots stay contiguous).
+
+    `precious(slot)` False says that losing the slot's cached tokens costs little (a state the host prompt
+    cache already holds, or one not worth keeping: `prompt_cache.SavePolicy`): such a slot is overwritten
+    before any slot whose loss costs its tokens, and among such slots the one with the least cached goes
+    first. None: every slot's tokens are precious.
     """
     best: Slot | None = None
-    best_kept = 0
+    best_key = (0, 0)
     for slot in slots:  # ascending ids
         if slot.busy:
             continue
         reuse = common_prefix_len(slot.cached, prompt)
         if reuse < MIN_REUSE_TOKENS:
             reuse = 0
-        kept = reuse - (len(slot.cached) - reuse)  # reused tokens, less the cached ones lost
-        if best is None or kept > best_kept:
-            best, best_kept = slot, kept
+        lost = len(slot.cached) - reuse  # cached tokens the new prompt overwrites
+        key = (reuse - lost, 0) if precious is None or precious(slot) else (reuse, -lost)
+        if best is None or key > best_key:
+            best, best_key = slot, key
     assert best is not None, "admitted without a free slot"
     return best
 
