@@ -77,7 +77,7 @@ def test_a_prefix_evicted_from_the_only_slot_comes_back_from_host_memory(smollm2
         answer, prompt_again, cached = ask(worker, A)
         health = worker.health()
         log = worker.log()
-    assert health["prompt_cache_states"] >= 1 and health["prompt_cache_bytes"] > 0, health
+    assert health["prompt_cache"]["entries"] >= 1 and health["prompt_cache"]["bytes"] > 0, health
     assert prompt_a > 600 and prompt_b > 600 and cached_cold < 64 and cached_b < 64, (prompt_a, cached_cold, cached_b)
     assert prompt_again == prompt_a
     assert cached >= prompt_a - 8, (prompt_a, cached)  # only the tokens after the saved prefix are prefilled

@@ -39,22 +39,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from backends.llamacpp.worker.engine_stats import SchedulerStats
 from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache, SavePolicy
-from backends.llamacpp.worker.slots import (
-    Origin,
-    Run,
-    SeqState,
-    Slot,
-    common_prefix_len,
-    fillers,
-    pick_slot,
-    run_order,
-)
+from backends.llamacpp.worker.slots import Origin, Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
 from backends.llamacpp.worker.tickets import (
     Event,
     Failed,
@@ -84,34 +75,6 @@ class QueueFullError(Exception):
 
 class SchedulerClosedError(Exception):
     """The engine has stopped (shutdown or a fatal llama.cpp error)."""
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    """Counters are per sequence (a group of n counts n requests and n prompts) except
-    `prefill_tokens_total`: prompt tokens actually decoded. `cached_prompt_tokens_total` counts the prompt
-    tokens each sequence did not prefill itself (see `Usage.cached_tokens`)."""
-
-    slots: int
-    slots_busy: int
-    queue_depth: int
-    kv_cells_used: int
-    kv_cells_cached: int
-    requests_total: int
-    aborted_total: int
-    prompt_tokens_total: int
-    cached_prompt_tokens_total: int
-    prefill_tokens_total: int
-    generation_tokens_total: int
-    tokens_per_second: float
-    prompt_cache_states: int  # KV states saved to host memory (`prompt_cache`), and their bytes
-    prompt_cache_bytes: int
-    prompt_cache_saved_total: int  # states copied to host memory, of which while the engine was idle
-    prompt_cache_saved_idle_total: int
-    prompt_cache_restored_total: int
-    prompt_cache_restored_tokens_total: int
-    prompt_cache_save_seconds_total: float  # engine time copying states, of which on requests' path
-    prompt_cache_save_seconds_in_path: float
 
 
 class Scheduler:
@@ -235,14 +198,7 @@ class Scheduler:
                 prefill_tokens_total=c["prefilled"],
                 generation_tokens_total=c["generated"],
                 tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
-                prompt_cache_states=saved.entries,
-                prompt_cache_bytes=saved.bytes,
-                prompt_cache_saved_total=saved.saved_total,
-                prompt_cache_saved_idle_total=saved.saved_idle_total,
-                prompt_cache_restored_total=saved.restored_total,
-                prompt_cache_restored_tokens_total=saved.restored_tokens_total,
-                prompt_cache_save_seconds_total=saved.save_seconds_total,
-                prompt_cache_save_seconds_in_path=saved.save_seconds_in_path,
+                prompt_cache=saved,
             )
 
     def _wake(self) -> None:
