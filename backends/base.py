@@ -25,6 +25,10 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+PROMPT_CACHE_MIB = 2048
+"""The llama.cpp worker's host prompt cache by default (worker `--prompt-cache-mib`, the same default)."""
+
+
 class LlamaCppOptions(_Frozen):
     """llama.cpp engine settings a user may pin in the config; `None` lets the planner decide."""
 
@@ -38,7 +42,8 @@ class LlamaCppOptions(_Frozen):
         default=None,
         ge=0,
         description="host memory (MiB) for the KV of slots a new prompt overwrites, restored when a later "
-        "prompt shares more with it (llama-server's --cache-ram); 0 = off; default: the worker's (2048)",
+        "prompt shares more with it (llama-server's --cache-ram); 0 = off; default 2048, cut by the plan to half "
+        "the host memory the model leaves",
     )
     cache_type: Literal["bf16", "f16"] | None = Field(
         default=None,

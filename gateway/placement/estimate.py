@@ -54,6 +54,11 @@ class MemoryEstimate(BaseModel):
     margin_bytes: int = Field(default=0, description="kept free on the GPUs used (per GPU x GPUs)")
     gpu_bytes: dict[int, int] = Field(default_factory=dict)
     host_bytes: int = 0
+    prompt_cache_bytes: int = Field(
+        default=0,
+        description="llama.cpp: the most the worker's host prompt cache may hold (in host memory, beside "
+        "`host_bytes`; a bound it fills only as states are saved, so the on-demand budget does not reserve it)",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

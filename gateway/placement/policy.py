@@ -23,6 +23,7 @@ from gateway.placement.choice import predict_placed
 from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
 from gateway.placement.hints import refusal_hints
+from gateway.placement.host_cache import with_prompt_cache
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
 from gateway.placement.inventory import GPU, Inventory, host_budget_bytes
 from gateway.placement.ladder import Option, RuledOut, climb, llamacpp_options, turbomind_options
@@ -269,7 +270,7 @@ def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | No
         placed = _first(entry, _fallback_rungs(entry, budgets, slots), spec.context)
         if placed is not None and placed.rung == LC_PARTIAL:
             entry.warnings.append(_partial_warning(work, placed))
-        return placed
+        return None if placed is None else with_prompt_cache(work, placed)
     if not budgets:
         why = f" ({entry.gpu_note})" if entry.gpu_note else ""
         entry.misses.append(Miss("gpu", f"no GPUs in the inventory{why}"))
@@ -278,7 +279,7 @@ def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | No
     entry.misses.extend(choice.misses)
     entry.warnings.extend(w for w in choice.warnings if w not in entry.warnings)
     entry.notes, entry.alternatives, entry.reason = choice.notes, choice.alternatives, choice.reason
-    return choice.placed
+    return None if choice.placed is None else with_prompt_cache(work, choice.placed)
 
 
 def _tiers(entry: _Entry, budgets: dict[int, int], slots: int) -> tuple[list[Option], list[Option]]:

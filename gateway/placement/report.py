@@ -158,6 +158,8 @@ def _memory(estimate: MemoryEstimate) -> Text:
     lines += [f"on GPU {i}: {_gib(n)}" for i, n in sorted(estimate.gpu_bytes.items())]
     if estimate.host_bytes:
         lines.append(f"in host: {_gib(estimate.host_bytes)}")
+    if estimate.prompt_cache_bytes:
+        lines.append(f"prompt cache: up to {_gib(estimate.prompt_cache_bytes)}")
     return Text("\n".join(lines))
 
 

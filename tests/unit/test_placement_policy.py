@@ -328,7 +328,23 @@ def test_default_config_runs_smollm2_on_the_cpu_without_gpus() -> None:
     p = decision.plan
     assert (p.engine, p.n_gpu_layers, p.context_tokens, p.slots, p.gpu_indices) == (
         EngineName.LLAMACPP, 0, config.models[0].context, 4, ())  # fmt: skip
-    assert p.llamacpp == config.models[0].llamacpp and p.quant == "Q4_1"
+    assert p.llamacpp == config.models[0].llamacpp.model_copy(update={"prompt_cache_mib": 2048})
+    assert p.quant == "Q4_1"
+
+
+def test_the_host_prompt_cache_is_sized_from_host_memory_and_explained() -> None:
+    """The plan passes the worker its prompt cache explicitly: the configured size (default 2048 MiB), cut to
+    half the host memory the model leaves usable, shown in the estimate and the notes (issue 34)."""
+    config = load_config(REPO / "configs" / "default.yaml")
+    roomy = plan_models(config, inventory_from_spec("none").model_copy(update={"host_memory_bytes": 64 * 2**30}))
+    tight = plan_models(config, inventory_from_spec("none").model_copy(update={"host_memory_bytes": 4 * 2**30}))
+    for report, mib in ((roomy, 2048), (tight, None)):
+        decision = report.decision("smollm2-135m")
+        assert decision.plan is not None and decision.estimate is not None
+        got = decision.plan.llamacpp.prompt_cache_mib
+        assert got == mib if mib is not None else 0 < got < 2048, got
+        assert decision.estimate.prompt_cache_bytes == got * 2**20
+        assert any("host prompt cache up to" in note for note in decision.notes), decision.notes
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "configs" / "examples").glob("*.yaml")), ids=lambda p: p.name)
