@@ -61,6 +61,10 @@ class WorkerSpec:
     """The multimodal projector GGUF: with one, requests may carry images."""
 
 
+MAX_GRAMMAR_BYTES = 2**20
+"""The largest grammar (GBNF text) a request may need: a 20,000-value enum's is ~0.5 MiB (`slow_lane`)."""
+
+
 class _Engine:
     """The loaded model with its prompt builder (chat template, tool format) and scheduler."""
 
@@ -289,13 +293,23 @@ class _Routes:
 
 
 async def _prepare(engine: _Engine, request: EngineRequest) -> Prepared:
-    """Prompt tokens and grammar, off the event loop; a template or schema that refuses is a 400."""
+    """Prompt tokens and grammar, off the event loop; a template or schema that refuses is a 400, and so is a
+    grammar over `MAX_GRAMMAR_BYTES` (a schema's 40,000-value enum: ~10 s a token even off the step)."""
     try:
-        return await asyncio.to_thread(engine.prompts.prepare, request)
+        prepared = await asyncio.to_thread(engine.prompts.prepare, request)
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from exc
     except PromptError as exc:
         raise invalid(str(exc), param=exc.param) from exc
+    size = len(prepared.grammar or "")
+    if size > MAX_GRAMMAR_BYTES:
+        param = "response_format" if prepared.tool_format is None else "tools"
+        raise invalid(
+            f"the grammar that enforces {param} is {size / 2**20:.1f} MiB, over the {MAX_GRAMMAR_BYTES // 2**20} "
+            "MiB this worker builds (a JSON schema's enum or anyOf that large samples too slowly to serve)",
+            param=param,
+        )
+    return prepared
 
 
 def create_app(spec: WorkerSpec, on_fatal: Callable[[str], None]) -> WorkerApp:

@@ -343,6 +343,9 @@ class Batch:
         return j - 1
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
 class Sampler:
     """One sequence's llama.cpp sampler chain; it owns its RNG, grammar and penalty state."""
 
@@ -406,6 +409,23 @@ class Sampler:
     def sample(self, model: Model, index: int) -> int:
         """Pick (and accept) the next token from the logits at batch `index` of the last decode."""
         return int(lib.llama_sampler_sample(self._chain, model.context, index))
+
+    def sample_row(self, logits: npt.NDArray[np.float32]) -> int:
+        """What `sample` does (apply the chain, take its selected token, accept it), on a copy of one logits
+        row: no context is read, so it may run on another thread while the engine decodes (`slow_lane`)."""
+        n = int(logits.shape[0])
+        data = np.empty(n, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(n, dtype=np.int32)
+        data["logit"] = logits
+        data["p"] = 0.0
+        pointer = data.ctypes.data_as(ctypes.POINTER(lib.llama_token_data))
+        candidates = lib.llama_token_data_array(pointer, n, -1, False)
+        lib.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if not 0 <= candidates.selected < candidates.size:
+            raise NativeError("the sampler chain selected no token")
+        token = int(candidates.data[candidates.selected].id)
+        lib.llama_sampler_accept(self._chain, token)
+        return token
 
     def close(self) -> None:
         if self._chain is not None:

@@ -37,15 +37,15 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
-from backends.llamacpp.worker.engine_stats import SchedulerStats
+from backends.llamacpp.worker.engine_stats import EngineCounters, SchedulerStats
 from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache, SavePolicy
 from backends.llamacpp.worker.slots import Origin, Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
+from backends.llamacpp.worker.slow_lane import SlowLane, is_heavy
 from backends.llamacpp.worker.tickets import (
     Event,
     Failed,
@@ -65,8 +65,6 @@ log = logging.getLogger("voltgate.worker")
 
 __all__ = ["Event", "Failed", "Finished", "GenerationRequest", "QueueFullError", "Scheduler", "SchedulerClosedError",
            "SchedulerStats", "TextDelta", "Ticket", "Usage"]  # fmt: skip
-
-_THROUGHPUT_WINDOW_S = 10.0
 
 
 class QueueFullError(Exception):
@@ -119,16 +117,13 @@ class Scheduler:
         self._batch = Batch(n_batch)
         self._outbox = Outbox()
         self._picker = TokenPicker(model, min(sampling_threads, slots))
+        self._slow = SlowLane(model, self._wake)  # heavy grammars sample off the step (`slow_lane`)
         self._cond = threading.Condition()
         # guarded by _cond
         self._waiting = WaitingQueue()
         self._free_slots = slots
         self._closed = False
-        self._counters = {"requests": 0, "aborted": 0, "prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}
-        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
-        self._kv_used = 0
-        self._kv_cached = 0
-        self._started_s = time.monotonic()
+        self._counters = EngineCounters()
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
 
     # --- asyncio side -----------------------------------------------------------------------------
@@ -179,26 +174,11 @@ class Scheduler:
         return tickets
 
     def stats(self) -> SchedulerStats:
-        now = time.monotonic()
-        saved = self._host.cache.stats()  # two ints the engine thread updates: a snapshot, like the rest
+        saved = self._host.cache.stats()  # ints the engine thread updates: a snapshot, like the rest
         with self._cond:
-            self._trim_recent(now)
-            window_s = min(_THROUGHPUT_WINDOW_S, max(now - self._started_s, 1e-3))
-            c = self._counters
-            return SchedulerStats(
-                slots=len(self._slots),
-                slots_busy=len(self._slots) - self._free_slots,
-                queue_depth=len(self._waiting),
-                kv_cells_used=self._kv_used,
-                kv_cells_cached=self._kv_cached,
-                requests_total=c["requests"],
-                aborted_total=c["aborted"],
-                prompt_tokens_total=c["prompt"],
-                cached_prompt_tokens_total=c["cached"],
-                prefill_tokens_total=c["prefilled"],
-                generation_tokens_total=c["generated"],
-                tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
-                prompt_cache=saved,
+            busy, queued = len(self._slots) - self._free_slots, len(self._waiting)
+            return self._counters.snapshot(
+                time.monotonic(), slots=len(self._slots), busy=busy, queued=queued, prompt_cache=saved
             )
 
     def _wake(self) -> None:
@@ -220,18 +200,18 @@ class Scheduler:
         self._shutdown("the worker is shutting down", retryable=True)
 
     def _next_round(self) -> bool:
-        """Wait for work, admit queued requests into free slots, drop cancelled ones."""
+        """Wait for work, admit queued requests into free slots, drop cancelled ones, take the tokens the
+        slow lane picked."""
         self._save_while_idle()
         with self._cond:
-            if not self._closed and not self._running and not self._waiting:
+            if self._resting():
                 self._outbox.flush()
-                while not self._closed and not self._running and not self._waiting:
+                while self._resting():
                     self._cond.wait()
             if self._closed:
                 return False
             for ticket in self._waiting.drop_cancelled():
-                self._counters["requests"] += 1
-                self._counters["aborted"] += 1
+                self._counters.ended(aborted=True, prompt=0, cached=0)
                 self._log_abort(ticket.request, "while queued")
                 self._outbox.put(ticket, Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
             admitted = self._waiting.take(self._free_slots)
@@ -241,7 +221,26 @@ class Scheduler:
         for seq in [s for s in self._running if s.ticket.cancelled]:
             self._log_abort(seq.request, f"after {seq.n_generated} tokens")
             self._release(seq, Finished("cancelled", seq.usage()), aborted=True)
+        self._take_slow_tokens()
         return True
+
+    def _resting(self) -> bool:
+        """Nothing to do until a request, a cancellation or a slow-lane token comes (under `_cond`): every
+        running sequence, if any, waits for its slow-lane token."""
+        if self._closed or self._waiting or self._slow.has_done():
+            return False
+        return all(self._slow.holds(s) and not s.ticket.cancelled for s in self._running)
+
+    def _take_slow_tokens(self) -> None:
+        for done in self._slow.collect():
+            seq = done.seq
+            if seq not in self._running:  # released while its job ran: the sampler was left to the job
+                if seq.sampler is not None:
+                    seq.sampler.close()
+            elif done.error is not None:
+                self._release(seq, Failed(f"sampling failed: {done.error}"), aborted=False)
+            else:
+                self._on_token(seq, done.token, done.entry)
 
     def _save_while_idle(self) -> None:
         """With nothing running or waiting, copy the free slots worth keeping to host memory, one at a time
@@ -264,8 +263,9 @@ class Scheduler:
         slot.origin = Origin(len(prompt), reuse, ticket.request.session_key)
         slot.busy = True
         sampling = ticket.request.sampling
+        heavy = is_heavy(sampling)  # its sampler is built and run by the slow lane
         try:
-            sampler = None if sampling.plain_greedy else self._model.new_sampler(sampling)
+            sampler = None if sampling.plain_greedy or heavy else self._model.new_sampler(sampling)
         except NativeError as exc:
             slot.busy = False
             with self._cond:
@@ -273,6 +273,7 @@ class Scheduler:
             self._outbox.put(ticket, Failed(str(exc)))
             return
         seq = SeqState(ticket, slot, sampler, self._model, group=group, cached_tokens=reuse)
+        seq.slow = heavy
         mate = self._mate(group)
         if mate is not None and mate.prefilling:  # prefilled once: wait for the leader's KV and logits
             seq.leader = mate
@@ -357,12 +358,8 @@ class Scheduler:
         outputs += self._hand_over_prompts(outputs)
         if outputs:
             self._pick(outputs, batch.n_outputs)
-        now = time.monotonic()
         with self._cond:
-            self._counters["generated"] += len(outputs)
-            self._counters["prefilled"] += prefilled
-            self._recent.append((now, len(outputs)))
-            self._trim_recent(now)
+            self._counters.step(time.monotonic(), len(outputs), prefilled)
         self._update_kv_stats()
 
     def _eval_images(self) -> int:
@@ -386,6 +383,12 @@ class Scheduler:
         return handed
 
     def _pick(self, outputs: list[tuple[SeqState, int, int]], n_outputs: int) -> None:
+        slow = [(seq, row) for seq, _, row in outputs if seq.slow]
+        if slow:
+            logits = self._model.logits(n_outputs)
+            for seq, row in slow:
+                self._slow.submit(seq, logits[row])
+        outputs = [output for output in outputs if not output[0].slow]
         picks = [
             Pick(seq.sampler, seq.banned, index, row, seq.request.logprobs, seq.request.sampling.temperature)
             for seq, index, row in outputs
@@ -440,16 +443,12 @@ class Scheduler:
         """Free the slot (its KV stays cached for prefix reuse) and hand over the final event."""
         self._running.remove(seq)
         seq.leave_group()
-        if seq.sampler is not None:
+        if seq.sampler is not None and not self._slow.holds(seq):  # else the job's result closes it
             seq.sampler.close()
         seq.slot.busy = False
         with self._cond:
             self._free_slots += 1
-            c = self._counters
-            c["requests"] += 1
-            c["aborted"] += int(aborted)
-            c["prompt"] += len(seq.request.prompt)
-            c["cached"] += seq.cached_tokens
+            self._counters.ended(aborted=aborted, prompt=len(seq.request.prompt), cached=seq.cached_tokens)
         self._update_kv_stats()
         if isinstance(event, Finished) and not aborted:
             log.info(
@@ -472,11 +471,7 @@ class Scheduler:
         used = sum(len(s.cached) for s in self._slots if s.busy)
         cached = sum(len(s.cached) for s in self._slots if not s.busy)
         with self._cond:
-            self._kv_used, self._kv_cached = used, cached
-
-    def _trim_recent(self, now_s: float) -> None:
-        while self._recent and self._recent[0][0] < now_s - _THROUGHPUT_WINDOW_S:
-            self._recent.popleft()
+            self._counters.kv(used, cached)
 
     def _shutdown(self, message: str, *, retryable: bool) -> None:
         with self._cond:
@@ -486,5 +481,8 @@ class Scheduler:
             self._outbox.put(ticket, Failed(message, retryable))
         for seq in list(self._running):
             self._release(seq, Failed(message, retryable), aborted=False)
+        for done in self._slow.close():  # every sequence is released: close the samplers their jobs had
+            if done.seq.sampler is not None:
+                done.seq.sampler.close()
         self._picker.close()
         self._outbox.close()

@@ -72,7 +72,8 @@ class SeqState:
         self.ticket = ticket
         self.request = ticket.request
         self.slot = slot
-        self.sampler = sampler  # None: plain greedy, picked from the logits without a sampler chain
+        self.sampler = sampler  # None: plain greedy, or built by the slow lane (`slow`)
+        self.slow = False  # samples off the engine's step (`slow_lane`: a heavy grammar)
         self.banned = model.eog_ids if self.request.sampling.ignore_eos else frozenset()
         self.group = group
         self.cached_tokens = cached_tokens
