@@ -128,7 +128,14 @@ class ServerSettings(_Spec):
     startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")
-    keepalive_interval_s: float = Field(default=10.0, gt=0, description="SSE comment while a request waits")
+    keepalive_interval_s: float = Field(
+        default=10.0, gt=0, description="a keep-alive after this long without anything sent on a stream"
+    )
+    chat_keepalive: Literal["chunk", "comment"] = Field(
+        default="chunk",
+        description="chat/completions streams' keep-alive: a chunk with empty `choices` that OpenAI-SDK clients "
+        "see (their idle watchdogs count it), or an SSE comment, which their parsers drop",
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="a connection whose request headers are not complete this long is closed"
     )

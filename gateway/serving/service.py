@@ -96,6 +96,7 @@ class Service:
         session = StreamSession(
             scope, upstream=upstream, request=engine, include_usage=parsed.include_usage,
             keepalive_s=self.settings.keepalive_interval_s, load_wait_s=wait_s, progress_data=progress == "data",
+            keepalive_chunks=self.settings.chat_keepalive == "chunk",
         )  # fmt: skip
         await session.open()
         return session
