@@ -69,12 +69,18 @@ class Registry:
             self.add(deployment)
 
     def resolve(self, model: str, task: Task | None = None) -> Deployment:
-        """The deployment a public name reaches: its name or an alias exactly, else the model of `task` (None:
-        any) with the most specific alias pattern that matches it (`match_pattern`); 404 `model_not_found`
-        otherwise, naming a pattern that matched a model of another kind."""
+        """The deployment a public name reaches: its name or an alias exactly (a configured model that could not
+        be placed: 503), else the model of `task` (None: any) with the most specific alias pattern that matches
+        it (`match_pattern`); 404 `model_not_found` otherwise, naming a pattern that matched another kind."""
         deployment = self._by_name.get(model)
         if deployment is not None:
             return deployment
+        if model in self.refused:
+            raise GatewayError(
+                ErrorCode.WORKER_UNAVAILABLE,
+                f"model {model!r} is configured but could not be placed: {self.refused[model]}",
+                param="model",
+            )
         matched = match_pattern(model, self.deployments.values(), task)
         if isinstance(matched, Deployment):
             return matched
@@ -83,12 +89,6 @@ class Registry:
                 ErrorCode.MODEL_NOT_FOUND,
                 f"The model {model!r} matches alias pattern {matched[1]!r} of {matched[0].name!r}, which serves "
                 f"{matched[0].plan.task}, not {task}",
-                param="model",
-            )
-        if model in self.refused:
-            raise GatewayError(
-                ErrorCode.WORKER_UNAVAILABLE,
-                f"model {model!r} is configured but could not be placed: {self.refused[model]}",
                 param="model",
             )
         known = ", ".join(sorted(self.deployments)) or "none"

@@ -50,6 +50,15 @@ def test_exact_names_win_then_the_most_specific_pattern_of_the_requests_kind() -
     assert reg.resolve("text-embedding-3-small").name == "embedder"  # any kind (GET /v1/models/{id})
 
 
+def test_a_configured_model_that_could_not_be_placed_is_its_503_not_another_models_pattern() -> None:
+    reg = registry(deployment("coder", "*"))
+    reg.refused["big-model"] = "needs 80 GB"
+    with pytest.raises(GatewayError) as caught:
+        reg.resolve("big-model", "generate")
+    assert caught.value.code is ErrorCode.WORKER_UNAVAILABLE
+    assert reg.resolve("other", "generate").name == "coder"
+
+
 def test_a_pattern_of_another_kind_only_is_a_404_that_names_it() -> None:
     reg = registry(deployment("coder", "claude-*"), deployment("embedder", "text-embedding-*", task="embed"))
     with pytest.raises(GatewayError) as caught:
