@@ -1,4 +1,4 @@
-"""The `voltgate` command line: serve, plan, models, keys. Parses arguments and dispatches; nothing else."""
+"""The `voltgate` command line: serve, plan, models, connect, keys. Parses arguments and dispatches; nothing else."""
 
 from __future__ import annotations
 
@@ -276,6 +276,59 @@ def models(config: ConfigOption = None) -> None:
             except ConfigError as exc:
                 path, state = Path("?"), str(exc)
             console.print(f"  - {type(source).__name__[:-6].lower()}: {path} [{state}]", highlight=False)
+
+
+@cli.command()
+def connect(
+    client: Annotated[str, typer.Argument(help="claude-code, codex, opencode or open-webui")],
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    model: Annotated[str | None, typer.Option(help="the model (name or alias; default: the first chat model)")] = None,
+    small_model: Annotated[str | None, typer.Option(help="the small/fast model (default: --model)")] = None,
+    url: Annotated[str | None, typer.Option(help="the gateway's URL as the client reaches it")] = None,
+    key_env: Annotated[str, typer.Option(help="the variable that holds the voltgate key")] = "VOLTGATE_API_KEY",
+    write: Annotated[
+        bool, typer.Option("--write", help="merge into the client's file (the old one backed up)")
+    ] = False,
+) -> None:
+    """Print a client's settings for this gateway: base URL, key variable, models, and the context window and
+    compaction limit the plan gives the model; with --write, merge them into the client's own settings file."""
+    from gateway.ops.connect import CLIENTS, ConnectError, settings_for, target_for
+    from gateway.placement import plan_models
+
+    if client not in CLIENTS:
+        _config_error(f"unknown client {client!r}; one of: {', '.join(CLIENTS)}")
+    cfg = _load(config, gpus)
+    try:
+        target = target_for(cfg, plan_models(cfg, _inventory(cfg)).plans, model=model, small_model=small_model,
+                            url=url, key_env=key_env)  # fmt: skip
+        settings = settings_for(client, target, Path.home())
+    except ConnectError as exc:
+        _config_error(str(exc))
+    summary = (f"# {client}: {target.model} (small: {target.small_model}), context {target.context} tokens, "
+               f"replies up to {target.max_output}, compact at {target.compact_window}")  # fmt: skip
+    err.print(summary, highlight=False, soft_wrap=True)
+    _connect_output(settings, write)
+
+
+def _connect_output(settings: object, write: bool) -> None:
+    from gateway.ops.connect import Settings, render, shell_exports
+    from gateway.ops.connect import write as write_file
+
+    assert isinstance(settings, Settings)
+    for path, body in settings.files.items():
+        if not write:
+            sys.stdout.write(f"# {path}\n{render(path, body)}")
+            continue
+        try:
+            backup = write_file(path, body)
+        except (ValueError, OSError) as exc:
+            _config_error(str(exc))
+        err.print(f"wrote {path}" + (f" (the old file: {backup})" if backup else ""), highlight=False)
+    if settings.env:
+        sys.stdout.write(shell_exports(settings.env))
+    for note in settings.notes:
+        err.print(f"# {note}", highlight=False)
 
 
 @keys_cli.command("create")

@@ -68,6 +68,7 @@ class RemoteSource(_Spec):
 
 
 ModelSource = GGUFSource | HFSource | RemoteSource
+AliasPattern = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/*?-]*[*?][A-Za-z0-9._:/*?-]*$")]  # a glob: `*`, `?`
 
 
 def resolve_location(location: str, base_dir: Path) -> Path:
@@ -128,7 +129,10 @@ class ServerSettings(_Spec):
     startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")
-    keepalive_interval_s: float = Field(default=10.0, gt=0, description="SSE comment while a request waits")
+    keepalive_interval_s: float = Field(default=10.0, gt=0, description="a stream's keep-alive after this silence")
+    chat_keepalive: Literal["chunk", "comment"] = Field(
+        default="chunk", description="chat streams' keep-alive: a chunk with no choices (SDKs see it) or a comment"
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="a connection whose request headers are not complete this long is closed"
     )
@@ -228,6 +232,9 @@ class ModelSpec(_Spec):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
     aliases: tuple[str, ...] = ()
+    alias_patterns: tuple[AliasPattern, ...] = Field(
+        default=(), description="globs (claude-*) of other names that reach it: docs/configuration.md, Alias patterns"
+    )
     sources: tuple[ModelSource, ...] = Field(min_length=1)
     context: int = Field(default=4096, ge=64, description="tokens per session the deployment must hold")
     min_context: int | None = Field(default=None, ge=64, description="shortest session acceptable if memory is short")

@@ -1,9 +1,11 @@
-"""The registry: public model names and aliases → Deployment (plan + engine adapter + worker + admission)."""
+"""The registry: public model names, aliases and alias patterns → Deployment (plan + engine adapter + worker +
+admission)."""
 
 from __future__ import annotations
 
+import fnmatch
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +29,7 @@ class Deployment:
     sampling: dict[str, float | int] = field(default_factory=dict)  # the model's defaults (config `sampling`)
     load: Literal["always", "on_demand"] = "always"
     idle_unload_s: float | None = None
+    alias_patterns: tuple[str, ...] = ()  # config `alias_patterns`: globs of other names (`Registry.resolve`)
 
     @property
     def policy(self) -> Policy:
@@ -58,7 +61,17 @@ class Registry:
                     del self._by_name[key]
         return deployment
 
-    def resolve(self, model: str) -> Deployment:
+    def rename(self, name: str, aliases: tuple[str, ...], alias_patterns: tuple[str, ...]) -> None:
+        """Give a serving deployment new aliases and alias patterns (a config reload): at once, worker untouched."""
+        deployment = self.remove(name)
+        if deployment is not None:
+            deployment.aliases, deployment.alias_patterns = aliases, alias_patterns
+            self.add(deployment)
+
+    def resolve(self, model: str, task: Task | None = None) -> Deployment:
+        """The deployment a public name reaches: its name or an alias exactly (a configured model that could not
+        be placed: 503), else the model of `task` (None: any) with the most specific alias pattern that matches
+        it (`match_pattern`); 404 `model_not_found` otherwise, naming a pattern that matched another kind."""
         deployment = self._by_name.get(model)
         if deployment is not None:
             return deployment
@@ -66,6 +79,16 @@ class Registry:
             raise GatewayError(
                 ErrorCode.WORKER_UNAVAILABLE,
                 f"model {model!r} is configured but could not be placed: {self.refused[model]}",
+                param="model",
+            )
+        matched = match_pattern(model, self.deployments.values(), task)
+        if isinstance(matched, Deployment):
+            return matched
+        if matched is not None:
+            raise GatewayError(
+                ErrorCode.MODEL_NOT_FOUND,
+                f"The model {model!r} matches alias pattern {matched[1]!r} of {matched[0].name!r}, which serves "
+                f"{matched[0].plan.task}, not {task}",
                 param="model",
             )
         known = ", ".join(sorted(self.deployments)) or "none"
@@ -77,3 +100,32 @@ class Registry:
 
     def __iter__(self) -> Iterator[Deployment]:
         return iter(self.deployments.values())
+
+
+Task = Literal["generate", "embed", "rerank"]
+
+
+def _specificity(pattern: str) -> tuple[int, int]:
+    """How much of a name a pattern pins down: its literal characters, then its length."""
+    return (len(pattern) - pattern.count("*") - pattern.count("?"), len(pattern))
+
+
+def match_pattern(
+    model: str, deployments: Iterable[Deployment], task: Task | None
+) -> Deployment | tuple[Deployment, str] | None:
+    """The deployment whose alias pattern matches `model` (case-sensitive globs) and that serves `task`: the
+    most specific pattern wins (most literal characters, then the longest), a tie goes to the model whose name
+    sorts first. None if no pattern matches; (deployment, pattern) if only models of another kind match."""
+    best: tuple[tuple[int, int], str, Deployment] | None = None
+    other: tuple[Deployment, str] | None = None
+    for deployment in deployments:
+        for pattern in deployment.alias_patterns:
+            if not fnmatch.fnmatchcase(model, pattern):
+                continue
+            if task is not None and deployment.plan.task != task:
+                other = other or (deployment, pattern)
+                continue
+            key = (_specificity(pattern), deployment.name, deployment)
+            if best is None or key[0] > best[0] or (key[0] == best[0] and key[1] < best[1]):
+                best = key
+    return best[2] if best is not None else other

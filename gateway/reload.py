@@ -5,6 +5,7 @@ that does not load, or whose models cannot be placed at all, is refused with the
 config stays. Otherwise, model by model (by name):
 
 * untouched (same spec, same plan): keeps serving; nothing about it changes, no request is dropped;
+* renamed (only its `aliases` or `alias_patterns` changed): keeps serving, and answers to its new names at once;
 * removed: leaves the registry at once (new requests: 404), its requests in flight finish (up to
   `server.drain_timeout_s`), then its worker stops;
 * changed: the new deployment takes the name at once (new requests wait for it, as at boot), the old one
@@ -54,6 +55,7 @@ class ReloadResult:
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)  # of `unchanged`, those whose names changed
     refused: dict[str, str] = field(default_factory=dict)
     not_applied: list[str] = field(default_factory=list)
 
@@ -119,10 +121,12 @@ class Reloader:
                 result.removed.append(name)
             elif name not in old_plans:
                 result.added.append(name)
-            elif old_plans[name] != new_plans[name] or old_specs.get(name) != new_specs.get(name):
+            elif old_plans[name] != new_plans[name] or _unnamed(old_specs.get(name)) != _unnamed(new_specs.get(name)):
                 result.changed.append(name)
             else:
                 result.unchanged.append(name)
+                if old_specs.get(name) != new_specs.get(name):
+                    result.renamed.append(name)
         for key in ("server", "auth", "gpus"):
             if getattr(self.current.config, key) != getattr(desired.config, key):
                 result.not_applied.append(f"{key} (restart to apply)")
@@ -147,6 +151,9 @@ class Reloader:
         for deployment in fresh:
             if deployment.name not in added:
                 self._residency.adopt(deployment, memory.get(deployment.name))
+        for name in result.renamed:  # its worker serves on; only the names that reach it change
+            spec = new_specs[name]
+            self._registry.rename(name, spec.aliases, spec.alias_patterns)
         for name in result.unchanged:  # a pinned worker that gave up after a crash loop tries again
             kept = self._registry.deployments[name]
             if kept.policy.at_boot:
@@ -185,6 +192,14 @@ class Reloader:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+_NAMES = {"aliases", "alias_patterns"}  # what a reload changes without touching the model's worker
+
+
+def _unnamed(spec: ModelSpec | None) -> dict[str, Any] | None:
+    """A model's entry without the names that reach it: what decides whether its worker must change."""
+    return None if spec is None else spec.model_dump(exclude=_NAMES)
 
 
 def _mtime(path: Path) -> float | None:

@@ -54,8 +54,18 @@ class ImageBlock(Body):
         return f"data:{source.media_type};base64,{source.data}"
 
 
+class ToolReferenceBlock(Body):
+    """A tool search's result (in a tool_result): it loads the deferred tool `tool_name` into the prompt."""
+
+    type: Literal["tool_reference"]
+    tool_name: str = Field(min_length=1)
+
+
 ResultContent = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[Refused, Tag("other")], type_tag(frozenset({"text"}))
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolReferenceBlock, Tag("tool_reference")]
+    | Annotated[Refused, Tag("other")],
+    type_tag(frozenset({"text", "tool_reference"})),
 ]
 
 
@@ -73,9 +83,14 @@ class ToolResultBlock(Body):
     is_error: bool | None = None
 
     def text(self) -> str:
+        """The result as the model reads it: text blocks, and a line per tool a `tool_reference` loaded."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "\n".join(block.text for block in self.content if isinstance(block, TextBlock))
+        return "\n".join(
+            block.text if isinstance(block, TextBlock) else f"Tool loaded: {block.tool_name}"
+            for block in self.content
+            if isinstance(block, TextBlock | ToolReferenceBlock)
+        )
 
 
 ContentBlock = Annotated[
@@ -98,13 +113,15 @@ class InputMessage(Body):
 
 # -- tools, tool choice, thinking, output format --------------------------------------------------------
 class CustomTool(Body):
-    """A client tool; `type` is absent or "custom". Server tools have dated types and are refused."""
+    """A client tool; `type` is absent or "custom". Server tools have dated types and are refused.
+    `defer_loading`: left out of the prompt until a `tool_reference` block (a tool search's result) names it."""
 
     type: Literal["custom"] | None = None
     name: ToolName
     description: str | None = None
     input_schema: dict[str, Any]
     strict: bool | None = None
+    defer_loading: bool | None = None
 
 
 def _tool_tag(value: Any) -> str:
@@ -163,6 +180,24 @@ class CountTokensRequest(Body):
     def custom_tools(self) -> list[CustomTool]:
         return [tool for tool in self.tools or () if isinstance(tool, CustomTool)]
 
+    def prompt_tools(self) -> list[CustomTool]:
+        """The client tools the model sees: all but the `defer_loading` ones that no `tool_reference` block in
+        the conversation has loaded yet (as Anthropic's tool search keeps deferred tools out of the context)."""
+        loaded = self.referenced_tools()
+        return [tool for tool in self.custom_tools() if not tool.defer_loading or tool.name in loaded]
+
+    def referenced_tools(self) -> set[str]:
+        """The tool names that `tool_reference` blocks in tool results have loaded."""
+        return {
+            part.tool_name
+            for message in self.messages
+            if isinstance(message.content, list)
+            for block in message.content
+            if isinstance(block, ToolResultBlock) and isinstance(block.content, list)
+            for part in block.content
+            if isinstance(part, ToolReferenceBlock)
+        }
+
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, reason) for each requested feature no engine here can honour."""
         problems: list[tuple[str, str]] = []
@@ -181,7 +216,7 @@ class CountTokensRequest(Body):
 
     def _unsupported_choice(self) -> list[tuple[str, str]]:
         choice = self.tool_choice
-        names = {tool.name for tool in self.custom_tools()}
+        names = {tool.name for tool in self.prompt_tools()}
         if choice is None:
             return []
         problem = missing_tool(choice.name, names) if choice.type == "tool" else None

@@ -168,6 +168,10 @@ class Model(_Out):
     task: Literal["generate", "embed", "rerank"] | None = Field(
         default=None, description="voltgate extension: what it serves (generate: chat and completions)"
     )
+    aliases: list[str] | None = Field(default=None, description="voltgate extension: other names that reach it")
+    alias_patterns: list[str] | None = Field(
+        default=None, description="voltgate extension: glob patterns of names that reach it (docs/configuration.md)"
+    )
 
 
 class ModelList(_Out):

@@ -51,11 +51,15 @@ def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
 
 
 def _model(deployment: Deployment) -> Model:
-    """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task."""
+    """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task, the
+    other names that reach it. An alias pattern is not an entry of its own: a client that lists models offers
+    and sends their ids, and `claude-*` is no name to send (LiteLLM's `*` entry is a reported bug, #13643)."""
     return Model(
         id=deployment.name,
         created=deployment.created,
         engine=deployment.plan.engine.value,
         capabilities=deployment.capabilities.public(),
         task=deployment.plan.task,
+        aliases=list(deployment.aliases),
+        alias_patterns=list(deployment.alias_patterns),
     )

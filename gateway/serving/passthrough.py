@@ -85,15 +85,16 @@ async def relay_direct(
     try:
         with stream_errors(stats, model):
             while True:
-                quiet.since = time.monotonic()
+                if quiet.since is None:  # silence counts from the client's last write, not the last read: the
+                    quiet.since = time.monotonic()  # worker's comments while it prefills reach no client
                 try:
                     chunk = await anext(reads)
                 except StopAsyncIteration:
                     if not buffer.strip():
                         break
                     chunk = b"\n\n"  # the body ended inside a frame: end the frame, relay it, then end
-                quiet.since = None
                 if line.held:
+                    quiet.since = None
                     yield line.held
                     line.held = b""
                 if not buffer and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b"\n\n\n" not in chunk:
@@ -105,6 +106,9 @@ async def relay_direct(
                         continue
                     run, buffer = buffer[:end], buffer[end:]
                 out, done = _relay_run(run, stats, include_usage)
+                if line.chunk is not None:
+                    line.chunk.adopt(run)
+                quiet.since = None if out or done else quiet.since
                 if out:
                     yield out
                 if done:

@@ -81,6 +81,33 @@ class StreamFailure:
         return cls(status, str(error.get("message") or "the generation failed"), code)
 
 
+class KeepaliveChunk:
+    """A chat or text-completion stream's keep-alive that OpenAI-SDK clients see: a chunk with `choices: []`
+    (valid against OpenAI's chunk schema, like the usage chunk and Azure OpenAI's prompt-filter chunk, which
+    clients already skip), where an SSE comment is dropped by every SDK's parser before an idle watchdog such
+    as Qwen Code's sees it. It takes the stream's own id, `created` and `model` from its first upstream chunk
+    (`adopt`); before that, the gateway's."""
+
+    def __init__(self, *, object_name: str, id_: str, model: str) -> None:
+        self._head: dict[str, Any] = {"id": id_, "object": object_name, "created": int(time.time()), "model": model}
+        self._adopted = False
+
+    def adopt(self, run: bytes) -> None:
+        """Take id, created and model from the first `data:` chunk in `run` (once; cheap after that)."""
+        if self._adopted or not run.startswith(b"data: {"):
+            return
+        try:
+            first = json.loads(run[6 : run.index(b"\n\n")])
+        except ValueError:
+            return
+        if isinstance(first, dict) and isinstance(first.get("id"), str):
+            self._adopted = True
+            self._head.update({k: first[k] for k in ("id", "created", "model") if k in first})
+
+    def frame(self) -> bytes:
+        return b"data: " + json.dumps({**self._head, "choices": []}, separators=(",", ":")).encode() + b"\n\n"
+
+
 class ClientLine:
     """The client's connection beside the body: a keep-alive comment written between two of the body's writes,
     while the body's own task waits on the upstream (the one-task relay, `relay_direct`).
@@ -91,25 +118,31 @@ class ClientLine:
     body's task (and with it the upstream read: the worker aborts the generation).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: KeepaliveChunk | None = None) -> None:
         self._send: Send | None = None
         self._aside: asyncio.Task[None] | None = None
         self._failed = False
         self.held = b""
+        self.chunk = chunk  # None: keep-alives are SSE comments
 
     def attach(self, send: Send) -> None:
         self._send = send
 
+    @property
+    def frame(self) -> bytes:
+        """What a keep-alive writes: the stream's empty chunk (`KeepaliveChunk`), or an SSE comment."""
+        return KEEPALIVE_FRAME if self.chunk is None else self.chunk.frame()
+
     def keepalive(self) -> None:
         """From the relay's timer, while the body's task waits on the upstream (no body write in flight)."""
         if self._send is None:
-            self.held = KEEPALIVE_FRAME
+            self.held = self.frame
         elif self._aside is None or self._aside.done():
-            self._aside = asyncio.get_running_loop().create_task(self._write(self._send))
+            self._aside = asyncio.get_running_loop().create_task(self._write(self._send, self.frame))
 
-    async def _write(self, send: Send) -> None:
+    async def _write(self, send: Send, frame: bytes) -> None:
         try:
-            await send({"type": "http.response.body", "body": KEEPALIVE_FRAME, "more_body": True})
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
         except Exception:
             self._failed = True
 
@@ -347,9 +380,15 @@ class _ReadAhead:
                 due = self._waiting_since + self._keepalive_s
         self._timer = self._loop.call_at(due, self._tick)
 
-    async def get(self) -> list[bytes] | None:
+    async def get(self, *, sent: bool = True) -> list[bytes] | None:
+        """`sent`: the relay wrote to its client since the last call, so silence counts from now (a run of
+        upstream comments, which reach no client, leaves the count running)."""
+        now = self._loop.time()
+        if sent:
+            self._waiting_since = now
+        elif not self._buffered and now >= self._waiting_since + self._keepalive_s:
+            return None  # the timer fired while the relay was busy with comments
         if not self._buffered and not self._ended:
-            self._waiting_since = self._loop.time()
             self._waiter = self._loop.create_future()
             try:
                 if await self._waiter:
@@ -420,10 +459,12 @@ async def relay_stream(
     `[DONE]`: a stream always ends, never hangs.
     """
     reader = _ReadAhead(frames, keepalive_s)
+    sent = True
     try:
         with stream_errors(stats, model):
             while True:
-                runs = await reader.get()
+                runs = await reader.get(sent=sent)
+                sent = runs is None
                 if runs is None:
                     yield KEEPALIVE_FRAME
                     continue
@@ -432,6 +473,7 @@ async def relay_stream(
                 for run in runs:
                     out, done = _relay_run(run, stats, include_usage)
                     if out:
+                        sent = True
                         yield out
                     if done:
                         stats.completed = True

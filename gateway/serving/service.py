@@ -21,9 +21,9 @@ import contextlib
 import httpx
 from starlette.requests import Request
 
-from backends.request import EngineImage
+from backends.request import EngineImage, RequestKind
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
+from gateway.deployments import Deployment, Registry, Task
 from gateway.errors import GatewayError
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import Residency
@@ -39,6 +39,9 @@ __all__ = ["RequestContext", "Service", "StreamSession", "Translate", "UnaryResu
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
 UNCAPPED_APIS = frozenset({"responses"})  # translated APIs that a model's default_max_tokens does not apply to
+TASKS: dict[RequestKind, Task] = {RequestKind.CHAT: "generate", RequestKind.COMPLETION: "generate",
+                                  RequestKind.EMBEDDING: "embed", RequestKind.RERANK: "rerank"}  # fmt: skip
+"""The model task a request kind needs: an alias pattern reaches only a model of it (`Registry.resolve`)."""
 PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
@@ -69,7 +72,7 @@ class Service:
         rendering, e.g. chat completion → Anthropic Message) before it is accounted, so a rendering that fails
         is logged and counted with its error's status, never as the 200 the chat path gave."""
         try:
-            deployment = self.registry.resolve(parsed.model)
+            deployment = self.registry.resolve(parsed.model, TASKS[parsed.kind])
         except GatewayError as exc:
             self.refused(ctx, exc, parsed.model)
             raise
@@ -96,6 +99,7 @@ class Service:
         session = StreamSession(
             scope, upstream=upstream, request=engine, include_usage=parsed.include_usage,
             keepalive_s=self.settings.keepalive_interval_s, load_wait_s=wait_s, progress_data=progress == "data",
+            keepalive_chunks=self.settings.chat_keepalive == "chunk",
         )  # fmt: skip
         await session.open()
         return session

@@ -32,7 +32,15 @@ from gateway.ops.live_speed import Flight
 from gateway.ops.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
 from gateway.serving.passthrough import relay_direct
-from gateway.serving.relay import DONE_FRAME, ClientLine, StreamFailure, StreamStats, relay_stream, sse_frames
+from gateway.serving.relay import (
+    DONE_FRAME,
+    ClientLine,
+    KeepaliveChunk,
+    StreamFailure,
+    StreamStats,
+    relay_stream,
+    sse_frames,
+)
 from gateway.serving.upstream import Upstream
 
 access_log = logging.getLogger("voltgate.access")
@@ -267,6 +275,7 @@ class StreamSession:
         keepalive_s: float,
         load_wait_s: float | None = None,
         progress_data: bool = False,
+        keepalive_chunks: bool = False,
     ) -> None:
         self.scope = scope
         self._worker = upstream
@@ -276,7 +285,8 @@ class StreamSession:
         self._load_wait_s = load_wait_s
         self._progress_data = progress_data
         self.stats = StreamStats()
-        self.line = ClientLine()  # the pass-through's keep-alives beside the body (`RelayResponse(line=...)`)
+        # the pass-through's keep-alives beside the body (`RelayResponse(line=...)`): empty chunks or comments
+        self.line = ClientLine(self._keepalive_chunk() if keepalive_chunks else None)
         self._status = 200
         self._upstream: httpx.Response | None = None
         self._pending: asyncio.Task[None] | None = None
@@ -302,6 +312,14 @@ class StreamSession:
             self.stats.error = exc  # accounted with its code (the relay never ran)
             await self.close()
             raise
+
+    def _keepalive_chunk(self) -> KeepaliveChunk:
+        completion = self.scope.ctx.kind is RequestKind.COMPLETION
+        return KeepaliveChunk(
+            object_name="text_completion" if completion else "chat.completion.chunk",
+            id_=("cmpl-" if completion else "chatcmpl-") + self.scope.ctx.request_id,
+            model=self.scope.model,
+        )
 
     async def _prepare(self) -> None:
         await self.scope.schedule(self._open_upstream, self._load_wait_s)
@@ -337,7 +355,9 @@ class StreamSession:
         try:
             if self._pending is not None:
                 async for frame in self._wait_pending():
-                    yield frame
+                    # the pass-through's wait comments carry its keep-alive chunk too (progress chunks are one)
+                    chunk = direct and self.line.chunk is not None and not self._progress_data
+                    yield frame + self.line.frame if chunk and frame.startswith(b":") else frame
                 if self._upstream is None:
                     return
             relay = self._relay(direct=direct)

@@ -169,9 +169,12 @@ def _function(tool: CustomTool) -> FunctionDefinition:
 
 
 def _tools(req: CountTokensRequest) -> list[Tool] | None:
+    """The chat tools: the client tools the model sees (`prompt_tools`: deferred ones wait for a search)."""
+    prompt = req.prompt_tools()
     tools = [
         Tool(type="function", function=located(("tools", i, "function"), partial(_function, tool)))
         for i, tool in enumerate(req.custom_tools())
+        if tool in prompt
     ]
     return tools or None
 

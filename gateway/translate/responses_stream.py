@@ -160,11 +160,14 @@ class ResponsesStream:
         return events
 
     def keepalive(self) -> list[dict[str, Any]]:
-        """A `response.in_progress` event while the stream waits (queued, loading, prefilling): SSE comments
-        are no activity to Codex, which drops a stream after `stream_idle_timeout_ms` without an event."""
+        """A `keepalive` event (`{"type": "keepalive", "sequence_number": n}`) while the stream waits (queued,
+        loading, prefilling): what OpenAI's own Responses streams send on a long request, a few bytes where
+        `response.in_progress` would re-send the whole Response (instructions and tools) every interval. SSE
+        comments are no activity to Codex, which drops a stream after `stream_idle_timeout_ms` without an
+        event and skips event types it does not know; the openai SDKs pass it on as an event."""
         if self._final is not None:
             return []
-        return [*self.start(), self._event("response.in_progress", response=self._snapshot("in_progress"))]
+        return [*self.start(), self._event("keepalive")]
 
     def final_response(self) -> dict[str, Any]:
         """The Response as it ended (to store after streaming); while streaming, an in-progress snapshot."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import numpy as np
 import openai
@@ -38,11 +39,12 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     bert, reranker = write_tiny_bert(tmp / "tiny-bert.gguf"), write_tiny_bert(tmp / "tiny-reranker.gguf", rerank=True)
     models: list[dict[str, object]] = [
         {"name": EMBED, "sources": [{"gguf": str(smollm2_path)}], "task": "embed", "pooling": "mean",
-         "context": 256, "embed_batch": 8, "llamacpp": THREADS},
+         "context": 256, "embed_batch": 8, "llamacpp": THREADS, "alias_patterns": ["text-embedding-*"]},
         {"name": BERT, "sources": [{"gguf": str(bert)}], "matryoshka": True, "context": N_CTX_TRAIN,
          "llamacpp": THREADS},  # task from the GGUF: an encoder declaring mean pooling
         {"name": RERANK, "sources": [{"gguf": str(reranker)}], "context": N_CTX_TRAIN, "llamacpp": THREADS},
-        {"name": CHAT, "sources": [{"gguf": str(smollm2_path)}], "context": 1024, "llamacpp": THREADS},
+        {"name": CHAT, "sources": [{"gguf": str(smollm2_path)}], "context": 1024, "llamacpp": THREADS,
+         "alias_patterns": ["gpt-*", "claude-*"]},
     ]  # fmt: skip
     gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=models), tmp / "gateway.log")
     try:
@@ -82,6 +84,27 @@ def test_models_say_which_task_each_model_serves(gateway: Gateway) -> None:
              for name, e in entries.items()}  # fmt: skip
     assert flags == {EMBED: (True, False, False), BERT: (True, False, False), RERANK: (False, False, True),
                      CHAT: (False, True, False)}  # fmt: skip
+
+
+def test_alias_patterns_reach_the_model_of_the_requests_kind(gateway: Gateway) -> None:
+    """What `llm embed` and agents ask for by default (`text-embedding-3-small`, `gpt-5.5`, `claude-opus-5-5`)
+    is served by the configured model of its kind; the answer names the model that served it."""
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    embedded = client.embeddings.create(model="text-embedding-3-small", input=CAT)
+    assert embedded.model == EMBED and len(embedded.data[0].embedding) == SMOLLM2_DIM
+    chat = client.chat.completions.create(model="gpt-5.5", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert chat.model == CHAT and chat.choices[0].message.role == "assistant"
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(
+        model="claude-opus-5-5", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert message.model == "claude-opus-5-5" and message.usage.output_tokens > 0  # Messages echoes the name
+    with pytest.raises(openai.NotFoundError) as caught:  # an embedding pattern never reaches the chat model
+        client.chat.completions.create(model="text-embedding-3-small", messages=[{"role": "user", "content": "Hi"}])
+    assert "'text-embedding-*' of 'smollm2-embed', which serves embed, not generate" in str(caught.value)
+    entries = {m["id"]: m for m in httpx.get(gateway.base_url + "/models").json()["data"]}
+    assert set(entries) == {EMBED, BERT, RERANK, CHAT}  # patterns are not entries of their own
+    assert entries[CHAT]["alias_patterns"] == ["gpt-*", "claude-*"] and entries[BERT]["alias_patterns"] == []
 
 
 # --- embeddings --------------------------------------------------------------------------------------------

@@ -197,6 +197,9 @@ def test_count_tokens_is_the_prompt_the_model_sees(gateway: Gateway) -> None:
     assert counted.input_tokens == prompt_tokens(message.usage)  # the count ran first: most of it is cached
     with_tools = client(gateway).messages.count_tokens(model=MODEL, messages=SHORT, tools=[WEATHER])
     assert with_tools.input_tokens > counted.input_tokens
+    deferred = [{**WEATHER, "defer_loading": True}]  # Claude Code's tool search: not in the prompt until found
+    with_deferred = client(gateway).messages.count_tokens(model=MODEL, messages=SHORT, tools=deferred)  # type: ignore[arg-type]
+    assert with_deferred.input_tokens == counted.input_tokens
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,15 @@ import httpx
 from starlette.types import Message
 
 from gateway.serving.passthrough import relay_direct
-from gateway.serving.relay import DONE_FRAME, KEEPALIVE_FRAME, ClientLine, RelayResponse, StreamStats
+from gateway.serving.relay import (
+    DONE_FRAME,
+    KEEPALIVE_FRAME,
+    ClientLine,
+    KeepaliveChunk,
+    RelayResponse,
+    StreamStats,
+)
+from tests.openai_schema import assert_matches_openai
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'
@@ -57,9 +65,11 @@ async def collect(*items: bytes | float | Exception, include_usage: bool = True)
     return out, stats
 
 
-async def serve(upstream: Upstream, receive_disconnect_after: float | None = None) -> list[bytes]:
+async def serve(
+    upstream: Upstream, receive_disconnect_after: float | None = None, line: ClientLine | None = None
+) -> list[bytes]:
     """Run a `RelayResponse` with a line over the relay; the bodies the client got, in order."""
-    line, sent = ClientLine(), []
+    line, sent = line or ClientLine(), []
     closed: list[str] = []
 
     async def send(message: Message) -> None:
@@ -87,6 +97,31 @@ async def test_silent_worker_gets_keepalives_beside_the_body() -> None:
     assert sent[0] == CHUNK and sent[-2:] == [DONE_FRAME, b""]
     assert sent.count(KEEPALIVE_FRAME) >= 2
     assert sent.index(KEEPALIVE_FRAME) > 0 and sent.count(CHUNK) == 2
+
+
+async def test_worker_comments_while_it_prefills_do_not_hold_back_the_clients_keepalives() -> None:
+    """The worker's `: prefilling` comments (one a second) reach no client: the keep-alive counts silence
+    from the client's last write, not from the worker's last read."""
+    prefilling = [item for _ in range(8) for item in (b": prefilling\n\n", 0.03)]
+    sent = await serve(Upstream(CHUNK, *prefilling, CHUNK, DONE_FRAME))
+    assert sent.count(KEEPALIVE_FRAME) >= 2 and b": prefilling\n\n" not in sent
+
+
+async def test_keepalive_chunk_takes_the_streams_id_and_matches_openais_chunk_schema() -> None:
+    role = b'data: {"id":"chatcmpl-w1","object":"chat.completion.chunk","created":7,"model":"smol",' \
+        b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'  # fmt: skip
+    line = ClientLine(KeepaliveChunk(object_name="chat.completion.chunk", id_="chatcmpl-req", model="smol-name"))
+    before = json.loads(line.frame[6:])
+    assert (before["id"], before["model"], before["choices"]) == ("chatcmpl-req", "smol-name", [])
+    sent = await serve(Upstream(role, 0.2, CHUNK, DONE_FRAME), line=line)
+    keepalives = [
+        json.loads(body[6:]) for body in sent if body.startswith(b'data: {"id":"chatcmpl-w1"') and body != role
+    ]
+    assert len(keepalives) >= 2 and KEEPALIVE_FRAME not in sent
+    for chunk in keepalives:
+        assert chunk == {"id": "chatcmpl-w1", "object": "chat.completion.chunk", "created": 7, "model": "smol",
+                         "choices": []}  # fmt: skip
+        assert_matches_openai("CreateChatCompletionStreamResponse", chunk)
 
 
 async def test_unattached_line_yields_the_keepalive_before_the_next_run() -> None:

@@ -420,3 +420,32 @@ def test_a_tool_call_cut_by_max_tokens_is_max_tokens_with_its_text_kept_not_a_50
     message = to_message(ChatCompletion.model_validate(chat), req, message_id="msg_1")
     assert message["stop_reason"] == "max_tokens"
     assert message["content"] == [{"type": "text", "text": '{"city": "Par'}]
+
+
+SEARCH = {"name": "ToolSearch", "description": "Find tools", "input_schema": {"type": "object", "properties": {}}}
+
+
+def test_deferred_tools_stay_out_of_the_prompt_until_a_tool_reference_loads_them() -> None:
+    deferred = {**WEATHER, "defer_loading": True}
+    before = translate(request(tools=[SEARCH, deferred]))
+    assert [tool["function"]["name"] for tool in before["tools"]] == ["ToolSearch"]
+    loaded = request(
+        tools=[SEARCH, deferred],
+        messages=[
+            {"role": "user", "content": "Weather in Rome?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "tool_reference", "tool_name": "get_weather"}]}]},
+        ],
+    )  # fmt: skip
+    after = translate(loaded)
+    assert [tool["function"]["name"] for tool in after["tools"]] == ["ToolSearch", "get_weather"]
+    assert after["messages"][-1] == {"role": "tool", "tool_call_id": "t1", "content": "Tool loaded: get_weather"}
+
+
+def test_only_deferred_tools_means_no_tools_and_naming_one_in_tool_choice_is_a_400() -> None:
+    deferred = {**WEATHER, "defer_loading": True}
+    assert "tools" not in translate(request(tools=[deferred]))
+    with pytest.raises(GatewayError) as caught:
+        request(tools=[SEARCH, deferred], tool_choice={"type": "tool", "name": "get_weather"})
+    assert (caught.value.param, caught.value.status) == ("tool_choice.name", 400)

@@ -137,7 +137,7 @@ async def test_a_chat_error_mid_stream_is_an_anthropic_error_event() -> None:
 
 async def test_comments_said_while_waiting_pass_through_both_apis_with_an_event_clients_count(tmp_path: Path) -> None:
     """The comment says what the stream waits for (curl users read it); the event after it (`ping`,
-    `response.in_progress`) is what resets an SDK's or an agent's idle timer (issue 22)."""
+    `keepalive`) is what resets an SDK's or an agent's idle timer (issue 22)."""
     waiting = b": waiting for a free slot\n\n"
     req = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "stream": True, "messages": [
         {"role": "user", "content": "hi"}]})  # fmt: skip
@@ -148,7 +148,7 @@ async def test_comments_said_while_waiting_pass_through_both_apis_with_an_event_
     store.close()
     # Messages sends nothing before it waits (its message_start waits for the first chunk's prompt usage);
     # Responses sends response.created at once.
-    for frames, keepalive, before in ((messages_frames, "ping", 0), (responses_frames, "response.in_progress", 1)):
+    for frames, keepalive, before in ((messages_frames, "ping", 0), (responses_frames, "keepalive", 1)):
         waited = next(i for i, frame in enumerate(frames) if frame.startswith(waiting))
         assert waited == before
         assert [e["type"] for e in parse([frames[waited]])] == [keepalive]

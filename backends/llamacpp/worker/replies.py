@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -23,6 +25,14 @@ from backends.llamacpp.worker.httpkit import client_closed, watch_disconnect
 from backends.llamacpp.worker.tickets import Failed, Started, TextDelta, Usage
 from backends.llamacpp.worker.wire import SSE_DONE, Renderer, sse, usage_body
 
+_T = TypeVar("_T")
+
+
+PREFILL_HEARTBEAT_S = 0.5
+"""How often a stream that has no token yet says so (`PREFILL_FRAME`): the gateway reads it as a sign of life,
+so a long prefill is not silence against its `upstream_timeout_s` (it drops the comment)."""
+PREFILL_FRAME = b": prefilling\n\n"
+
 
 async def stream(
     choices: Sequence[Choice], render: Renderer, include_usage: bool, prompt_usage: bool = False
@@ -31,14 +41,19 @@ async def stream(
 
     With `prompt_usage` (`stream_options.include_prompt_usage`) the opening waits until the prompt has its
     slot (the first choice's `Started`) and its first chunk carries the prompt's usage; otherwise the opening
-    goes out at once, without usage."""
+    goes out at once, without usage. Until the first event after that, a `PREFILL_FRAME` comment goes out
+    every `PREFILL_HEARTBEAT_S` (the prompt waits for its slot or is prefilled)."""
     chat = render.kind == "chat"
     opened = not prompt_usage
     if opened:
         for frame in _opening(choices, render, None):
             yield frame
     offsets = [0] * len(choices)
-    async for choice, event in events(choices):
+    async for item in _with_heartbeats(events(choices), PREFILL_HEARTBEAT_S):
+        if item is None:
+            yield PREFILL_FRAME
+            continue
+        choice, event = item
         if not opened and not isinstance(event, Failed):
             opened = True
             for frame in _opening(choices, render, event.usage if isinstance(event, Started) else None):
@@ -68,6 +83,36 @@ async def stream(
     if include_usage:
         yield sse(render.usage_chunk(total_usage(choices)))
     yield SSE_DONE
+
+
+async def _with_heartbeats(items: AsyncIterator[_T], interval_s: float) -> AsyncIterator[_T | None]:
+    """`items`, with a None after each `interval_s` without one until the first item that is not a `Started`
+    (the first token, or the end); from then on `items` as they are, with no task per item."""
+    iterator = aiter(items)
+    pending: asyncio.Future[_T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield None
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+            if not isinstance(item, tuple) or not isinstance(item[1], Started):
+                break
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+    async for item in iterator:
+        yield item
 
 
 def _opening(choices: Sequence[Choice], render: Renderer, usage: Usage | None) -> list[bytes]:
