@@ -57,6 +57,11 @@ class LMDeployOptions(_Frozen):
     quant_policy: Literal[0, 4, 8] | None = None
     max_prefill_token_num: int | None = Field(default=None, ge=256)
     tool_parser: str | None = Field(default=None, description="--tool-call-parser (default: from the architecture)")
+    prefix_caching: bool = Field(
+        default=True,
+        description="--enable-prefix-caching: reuse the KV blocks of a prompt prefix seen before (docs/engines.md, "
+        "'Prefix caching'); false turns it off for this model",
+    )
     extra_args: tuple[str, ...] = ()
 
 

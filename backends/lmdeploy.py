@@ -77,6 +77,8 @@ class LMDeployAdapter:
             "--server-port", str(port),
             "--model-name", plan.model,
         ]  # fmt: skip
+        if prefix_caching(plan):
+            argv.append("--enable-prefix-caching")
         if plan.tool_parser is not None:
             argv += ["--tool-call-parser", plan.tool_parser]
         if opts.max_prefill_token_num is not None:
@@ -137,6 +139,19 @@ class LMDeployAdapter:
         if err.code is not None and err.code.isdigit():
             err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients
         return err
+
+
+def prefix_caching(plan: DeploymentPlan) -> bool:
+    """Whether TurboMind runs this plan with prefix caching (`--enable-prefix-caching`, off in LMDeploy by default).
+
+    On unless the model's config turns it off: LMDeploy 0.18 supports it for every plan voltgate makes. It is
+    a scheduler feature, independent of the GPU architecture (sm_70 included); it works with KV int8/int4
+    (`quant_policy`) and with tp > 1; the vision models the placement sends to TurboMind encode their images
+    in TurboMind (`_turbomind_native_vision`), whose prompts are eligible too (LMDeploy turns it off only for
+    Python-side image embeddings). What it refuses (prompt logits for every token, perplexity, interactive
+    `step`) voltgate never asks for. docs/engines.md, "Prefix caching", cites the sources.
+    """
+    return plan.lmdeploy.prefix_caching
 
 
 def image_messages(messages: list[dict[str, Any]], images: tuple[EngineImage, ...]) -> list[dict[str, Any]]:

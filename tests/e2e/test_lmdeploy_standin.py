@@ -85,6 +85,7 @@ def test_plan_sends_the_model_to_turbomind_with_fp16_flags(turbomind_gateway: tu
     assert flags["--tp"] == "1"
     assert flags["--model-name"] == MODEL
     assert int(flags["--session-len"]) == 2048
+    assert "--enable-prefix-caching" in argv  # the stand-in's argparse takes it as TurboMind's does (a bare flag)
     assert record["cuda_visible_devices"] == "0"
     assert "bf16" in gateway.log().lower() or "bfloat16" in gateway.log().lower()
 
