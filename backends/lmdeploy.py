@@ -24,8 +24,9 @@ from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, Engine
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
-# Fields of the engine request that LMDeploy's api_server does not take as they are.
-_DROP = {"stream_options", "continue_final_message", "ignore_eos_default"}
+# Fields of the engine request that LMDeploy's api_server does not take as they are (its own `session_id` is an
+# interactive-mode integer, not a routing key: voltgate's `session_key` is not sent).
+_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "session_key"}
 
 
 class LMDeployNotInstalled(Exception):

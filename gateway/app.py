@@ -106,7 +106,8 @@ def create_app(
 
             for plan in plans:
                 registry.add(make(plan, specs[plan.model]))
-            service = Service(registry, client, config.server, metrics, residency, ImageIntake(config.images))
+            service = Service(registry, client, config.server, metrics, residency, ImageIntake(config.images),
+                              prompt_cache=config.prompt_cache)  # fmt: skip
             store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
             context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)

@@ -163,6 +163,21 @@ class ServerSettings(_Spec):
     )
 
 
+class PromptCacheSettings(_Spec):
+    """What the gateway does so a session's repeated prompt prefix comes from the engine's cache (docs/agents.md,
+    "Keeping the prefix cached"): one switch per neutralising rule, and the session key."""
+
+    claude_code_billing_header: bool = Field(
+        default=True,
+        description="remove Claude Code's `x-anthropic-billing-header:` line from system messages (its suffix "
+        "changes between requests and would invalidate the whole cached prefix)",
+    )
+    session_key: bool = Field(
+        default=True,
+        description="derive a hashed session key from what the client sends and pass it to the worker",
+    )
+
+
 class KeySpec(_Spec):
     """An API key, stored as its sha256 hash, with what it may use."""
 
@@ -349,6 +364,7 @@ class Config(_Spec):
     gpus: str = Field(default="auto", description="'auto' (NVML), 'none', or a layout such as '2xv100-16gb'")
     auth: AuthSettings = AuthSettings()
     placement: PlacementSettings = PlacementSettings()
+    prompt_cache: PromptCacheSettings = PromptCacheSettings()
     models: tuple[ModelSpec, ...] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
 

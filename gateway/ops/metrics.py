@@ -98,6 +98,7 @@ class Metrics:
         self._worker_series(r)
         self._residency_series(r)
         self._speed_series(r)
+        self._prefix_series(r)
         self.live = live if live is not None else LiveSpeed()  # measured speed, per model
         r.register(LiveSpeedCollector(self.live))
         self.activity = Activity()  # recent errors and a speed history, for the status page (`gateway.ops.status`)
@@ -198,6 +199,14 @@ class Metrics:
             "voltgate:predicted_ttft_seconds", "The plan's time to first token for a 512-token prompt", ["model"],
             registry=r,
         )  # fmt: skip
+
+    def _prefix_series(self, r: CollectorRegistry) -> None:
+        self.prompt_neutralised = Counter(
+            "voltgate:prompt_neutralised",
+            "Requests whose volatile client bytes a rule took out of the prompt (gateway.serving.prompt_prefix)",
+            ["model", "rule"],
+            registry=r,
+        )
 
     def set_worker_state(self, model: str, engine: str, state: str, states: Sequence[str]) -> None:
         for s in states:

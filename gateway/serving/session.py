@@ -59,6 +59,7 @@ class RequestContext:
     api: str | None = None  # a translated API riding on `kind` ("responses", "messages"): the endpoint label
     accounted: bool = False  # its access-log line is written (`account`): at most one per request
     counted_chunks: bool = False  # a stream cut short before its usage frame: its chunks counted as tokens
+    session_key: str | None = None  # the client's session, hashed (gateway.serving.prompt_prefix.session_key)
 
 
 def account(

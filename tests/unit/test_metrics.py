@@ -46,6 +46,7 @@ DOCUMENTED = {
     "voltgate:predicted_ttft_seconds": "gauge",
     "voltgate:measured_decode_tokens_per_second": "gauge",
     "voltgate:measured_ttft_seconds": "gauge",
+    "voltgate:prompt_neutralised": "counter",
 }
 GPU_SERIES = {"voltgate:gpu_memory_used_bytes", "voltgate:gpu_memory_total_bytes", "voltgate:gpu_utilization_ratio"}
 

@@ -73,6 +73,8 @@ class GenerationRequest:
     positions are never put in a token batch."""
     report_start: bool = False
     """Put a `Started` event (the prompt's usage) when the request gets its slot."""
+    session_key: str | None = None
+    """The gateway's session key (`EngineRequest.session_key`): the same key, the same conversation."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
