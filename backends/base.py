@@ -149,6 +149,9 @@ class EngineCapabilities(_Frozen):
     vision: bool = False
     dimensions: bool = True
     """/v1/embeddings honours `dimensions` (a remote endpoint answers for itself; ours only for matryoshka)."""
+    cached_tokens: bool = True
+    """Its usage's `prompt_tokens_details.cached_tokens` is measured (our worker's count; a remote endpoint's,
+    as it sends it). False: the details are removed before a client sees them (docs/api.md, "Cached tokens")."""
 
     def public(self) -> dict[str, bool]:
         return {

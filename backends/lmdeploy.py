@@ -56,6 +56,9 @@ class LMDeployAdapter:
             logprobs=True,
             completion_logprobs=False,
             vision=plan.vision_encoder is not None,
+            # Its api_server sends `cached_tokens: 0` whatever it reused: the count is filled only with
+            # --enable-metrics (lmdeploy/turbomind/turbomind.py `_get_metrics`), not verified on 0.18 (docs/api.md).
+            cached_tokens=False,
         )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:

@@ -207,6 +207,35 @@ class Metrics:
             ["model", "rule"],
             registry=r,
         )
+        self.prompt_tokens_cached = Counter(
+            "voltgate:prompt_tokens_cached",
+            "Prompt tokens the engine served from its prefix cache (engines that report it: not LMDeploy)",
+            ["model"],
+            registry=r,
+        )
+        self.prompt_tokens_reported = Counter(
+            "voltgate:prompt_tokens_cache_reported",
+            "Prompt tokens of the requests whose engine said how many it served from cache (the hit share's base)",
+            ["model"],
+            registry=r,
+        )
+        self.prefill_saved = Counter(
+            "voltgate:prefill_seconds_saved",
+            "Prefill seconds the cached prompt tokens did not cost, at the model's measured prefill speed",
+            ["model"],
+            registry=r,
+        )
+
+    def count_cached(self, model: str, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """One request's prefix-cache hit (None: its engine does not say; nothing counted). The seconds saved
+        are `LiveSpeed.prefill_seconds` of the cached tokens (docs/metrics.md, "Prefix cache")."""
+        if cached_tokens is None:
+            return
+        cached = min(cached_tokens, prompt_tokens)
+        self.prompt_tokens_reported.labels(model).inc(prompt_tokens)
+        self.prompt_tokens_cached.labels(model).inc(cached)
+        seconds = self.live.prefill_seconds(model, cached) if cached else 0.0
+        self.prefill_saved.labels(model).inc(seconds or 0.0)
 
     def set_worker_state(self, model: str, engine: str, state: str, states: Sequence[str]) -> None:
         for s in states:

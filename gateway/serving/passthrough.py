@@ -74,6 +74,7 @@ async def relay_direct(
     include_usage: bool,
     keepalive_s: float,
     on_done: Callable[[], Awaitable[None]],
+    cached_tokens: bool = True,
 ) -> AsyncGenerator[bytes, None]:
     """Relay an upstream SSE body to the client in the caller's task; `on_done` runs before `[DONE]` is
     yielded (the caller releases the slot there) and at the end, however it ends (it must be idempotent).
@@ -104,7 +105,7 @@ async def relay_direct(
                     if not end:
                         continue
                     run, buffer = buffer[:end], buffer[end:]
-                out, done = _relay_run(run, stats, include_usage)
+                out, done = _relay_run(run, stats, include_usage, cached_tokens)
                 if out:
                     yield out
                 if done:

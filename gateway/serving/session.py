@@ -200,7 +200,10 @@ class RequestScope:
         tokens: tuple[int, int] | None = None,
         stats: StreamStats | None = None,
         error: GatewayError | None = None,
+        cached: int | None = None,
     ) -> None:
+        """Account the request once: release its slot and hold, count its tokens (`cached`: of the prompt,
+        served from the engine's prefix cache, None when the engine does not say; a stream's are in `stats`)."""
         if self.finished:
             return
         self.finished = True
@@ -217,6 +220,7 @@ class RequestScope:
         if tokens:
             metrics.prompt_tokens.labels(model).inc(tokens[0])
             metrics.generation_tokens.labels(model).inc(tokens[1])
+            metrics.count_cached(model, tokens[0], stats.cached_tokens if stats is not None else cached)
         metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
         if stats is not None and stats.first_token_at is not None:
             # the first generated token; a stream with none (or none recognised) falls back to its first chunk
@@ -238,7 +242,7 @@ class RequestScope:
         else:
             sample = live.end(
                 self.flight, completed=completed, tokens=tokens, streamed=True, first_content_at=stats.first_content_at,
-                last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens,
+                last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens or 0,
             )  # fmt: skip
         if sample is not None and tokens is not None:
             self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
@@ -324,14 +328,16 @@ class StreamSession:
         translated APIs' own keep-alive events)."""
         assert self._upstream is not None
         model, usage, keepalive = self.scope.model, self._include_usage, self._keepalive_s
+        cached = self.scope.deployment.capabilities.cached_tokens
         if direct:
             return relay_direct(
                 self._upstream, self.stats, self.line, model=model, include_usage=usage,
-                keepalive_s=keepalive, on_done=self.close,
+                keepalive_s=keepalive, on_done=self.close, cached_tokens=cached,
             )  # fmt: skip
         return relay_stream(
-            sse_frames(self._upstream), self.stats, model=model, include_usage=usage, keepalive_s=keepalive
-        )
+            sse_frames(self._upstream), self.stats, model=model, include_usage=usage, keepalive_s=keepalive,
+            cached_tokens=cached,
+        )  # fmt: skip
 
     async def _frames(self, *, direct: bool) -> AsyncGenerator[bytes, None]:
         """Any wait's comments, then the relayed runs; closes the session on `[DONE]` and at the end."""

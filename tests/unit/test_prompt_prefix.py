@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from backends.base import EngineName
 from backends.llamacpp.worker.sampling import SamplingParams
 from backends.llamacpp.worker.tickets import GenerationRequest
 from backends.request import EngineRequest
@@ -18,10 +19,11 @@ from gateway.ops.auth import OPEN
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.prompt_prefix import ResponseChains, Rule, SessionHints, hash_key, neutralise, session_key
-from gateway.serving.service import RequestContext
-from gateway.translate.messages import to_chat
+from gateway.serving.service import RequestContext, StreamSession, UnaryResult
+from gateway.translate.messages import to_chat, to_message
 from tests.clients.fixtures import load
-from tests.unit.test_service import USER, Harness, _request
+from tests.fakes.asgi_worker import Behaviour
+from tests.unit.test_service import USER, Harness, _drain, _request
 
 ON = PromptCacheSettings()
 OFF = PromptCacheSettings(claude_code_billing_header=False)
@@ -132,3 +134,46 @@ def test_the_switches_are_config_keys_and_unknown_ones_are_refused() -> None:
     assert not cfg.prompt_cache.claude_code_billing_header and cfg.prompt_cache.session_key
     with pytest.raises(ValueError, match="extra"):
         Config.model_validate({**base, "prompt_cache": {"codex_date": False}})
+
+
+def _cache_samples(h: Harness) -> tuple[float | None, float | None, float | None]:
+    value = h.metrics.registry.get_sample_value
+    return (value("voltgate:prompt_tokens_cached_total", {"model": "smol"}),
+            value("voltgate:prompt_tokens_cache_reported_total", {"model": "smol"}),
+            value("voltgate:prefill_seconds_saved_total", {"model": "smol"}))  # fmt: skip
+
+
+async def test_a_measured_cache_hit_is_relayed_and_counted_per_model() -> None:
+    h = Harness()
+    h.engine.behaviour = Behaviour(cached_tokens=3)
+    unary = await h.call({"model": "smol", "messages": USER})
+    assert isinstance(unary, UnaryResult) and unary.body is not None
+    assert unary.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
+    stream = await h.call(
+        {"model": "smol", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert isinstance(stream, StreamSession)
+    assert b'"prompt_tokens_details": {"cached_tokens": 3}' in b"".join(await _drain(stream))  # as the worker sent it
+    assert _cache_samples(h) == (6.0, 8.0, 0.0)  # no measured prefill speed and no prediction: no seconds yet
+
+
+@pytest.mark.parametrize("said", [0, None])
+async def test_lmdeploys_unmeasured_cached_tokens_never_reach_a_client_or_a_metric(said: int | None) -> None:
+    """LMDeploy's api_server says `cached_tokens: 0` whatever its prefix cache reused (docs/api.md)."""
+    h = Harness(engine=EngineName.LMDEPLOY)
+    h.engine.behaviour = Behaviour(cached_tokens=said)
+    unary = await h.call({"model": "smol", "messages": USER})
+    assert isinstance(unary, UnaryResult) and unary.body is not None
+    assert "prompt_tokens_details" not in unary.body["usage"] and unary.body["usage"]["prompt_tokens"] == 4
+    stream = await h.call(
+        {"model": "smol", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert isinstance(stream, StreamSession)
+    relayed = b"".join(await _drain(stream))
+    assert b'"prompt_tokens"' in relayed and b"prompt_tokens_details" not in relayed
+    req = MessagesRequest.model_validate({"model": "smol", "max_tokens": 8, "messages": USER})
+    ctx = RequestContext(request_id="m", principal=OPEN, started=0.0, api="messages")
+    answer = await h.service.handle(to_chat(req), _request(), ctx, lambda chat: to_message(chat, req, message_id="m"))
+    assert isinstance(answer, UnaryResult) and answer.body is not None
+    assert answer.body["usage"] == {"input_tokens": 4, "output_tokens": 2, "cache_creation_input_tokens": 0}
+    assert _cache_samples(h) == (None, None, None)
