@@ -226,6 +226,15 @@ class Metrics:
             registry=r,
         )
 
+    def prefix_cache(self, model: str) -> tuple[float | None, float]:
+        """Since the start: the share of the model's reported prompt tokens served from its prefix cache (None
+        before a request whose engine reported it), and the prefill seconds that saved."""
+        value = self.registry.get_sample_value
+        reported = value("voltgate:prompt_tokens_cache_reported_total", {"model": model}) or 0.0
+        cached = value("voltgate:prompt_tokens_cached_total", {"model": model}) or 0.0
+        saved = value("voltgate:prefill_seconds_saved_total", {"model": model}) or 0.0
+        return (cached / reported if reported else None), saved
+
     def count_cached(self, model: str, prompt_tokens: int, cached_tokens: int | None) -> None:
         """One request's prefix-cache hit (None: its engine does not say; nothing counted). The seconds saved
         are `LiveSpeed.prefill_seconds` of the cached tokens (docs/metrics.md, "Prefix cache")."""
