@@ -71,3 +71,37 @@ def test_three_billing_suffixes_share_the_cached_prefix(prefix_gateway: Gateway)
     metrics = httpx.get(prefix_gateway.url + "/metrics", timeout=10).text
     line = f'voltgate:prompt_neutralised_total{{model="{MODEL}",rule="claude_code_billing_header"}} 3.0'
     assert line in metrics
+
+
+@pytest.mark.slow  # four ~1.5k-token prompts on SmolLM2: about 90 s on a 2-core host
+def test_cached_tokens_are_reported_on_every_api_and_counted_per_model(prefix_gateway: Gateway) -> None:
+    """The same long system prompt through chat (whole and streamed), Responses and Messages, each with the real
+    SDK: from the second request on the worker's cache serves all but the new tail, and every API says so."""
+    system = "You are a careful assistant. These tools exist:\n" + json.dumps(claude_code_request("1c0")["tools"])
+    openai_client = prefix_gateway.client()
+    ask = [{"role": "system", "content": system}, {"role": "user", "content": "Say hi"}]
+    first = openai_client.chat.completions.create(model=MODEL, messages=ask, max_tokens=1)  # type: ignore[arg-type]
+    assert first.usage is not None and first.usage.prompt_tokens > 1000
+    prompt = first.usage.prompt_tokens
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=ask, max_tokens=1, stream=True,  # type: ignore[call-overload]
+                                                        stream_options={"include_usage": True}))  # fmt: skip
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == prompt - 1
+
+    response = openai_client.responses.create(model=MODEL, instructions=system, input="Say hi", max_output_tokens=16)
+    assert response.usage is not None and response.usage.input_tokens_details.cached_tokens > prompt - 20
+
+    anthropic_client = anthropic.Anthropic(base_url=prefix_gateway.url, api_key="unused", max_retries=0, timeout=600)
+    message = anthropic_client.messages.create(model=MODEL, max_tokens=1, system=system,
+                                               messages=[{"role": "user", "content": "Say hi"}])  # fmt: skip
+    assert message.usage.cache_read_input_tokens is not None and message.usage.cache_read_input_tokens > prompt - 20
+
+    metrics = httpx.get(prefix_gateway.url + "/metrics", timeout=10).text
+    series = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines() if line.startswith("voltgate:")
+    }
+    label = f'{{model="{MODEL}"}}'
+    assert series[f"voltgate:prompt_tokens_cached_total{label}"] > 2 * prompt
+    assert series[f"voltgate:prompt_tokens_cache_reported_total{label}"] >= 4 * prompt
+    assert series[f"voltgate:prefill_seconds_saved_total{label}"] > 0
