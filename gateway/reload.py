@@ -123,7 +123,7 @@ class Reloader:
                 result.changed.append(name)
             else:
                 result.unchanged.append(name)
-        for key in ("server", "auth", "gpus"):
+        for key in ("server", "auth", "gpus", "prompt_cache"):
             if getattr(self.current.config, key) != getattr(desired.config, key):
                 result.not_applied.append(f"{key} (restart to apply)")
         return result
