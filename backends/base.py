@@ -62,6 +62,11 @@ class LMDeployOptions(_Frozen):
     quant_policy: Literal[0, 4, 8] | None = None
     max_prefill_token_num: int | None = Field(default=None, ge=256)
     tool_parser: str | None = Field(default=None, description="--tool-call-parser (default: from the architecture)")
+    prefix_caching: bool = Field(
+        default=True,
+        description="--enable-prefix-caching: reuse the KV blocks of a prompt prefix seen before (docs/engines.md, "
+        "'Prefix caching'); false turns it off for this model",
+    )
     extra_args: tuple[str, ...] = ()
 
 
@@ -149,6 +154,9 @@ class EngineCapabilities(_Frozen):
     vision: bool = False
     dimensions: bool = True
     """/v1/embeddings honours `dimensions` (a remote endpoint answers for itself; ours only for matryoshka)."""
+    cached_tokens: bool = True
+    """Its usage's `prompt_tokens_details.cached_tokens` is measured (our worker's count; a remote endpoint's,
+    as it sends it). False: the details are removed before a client sees them (docs/api.md, "Cached tokens")."""
 
     def public(self) -> dict[str, bool]:
         return {

@@ -24,8 +24,9 @@ from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, Engine
 
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
-# Fields of the engine request that LMDeploy's api_server does not take as they are.
-_DROP = {"stream_options", "continue_final_message", "ignore_eos_default"}
+# Fields of the engine request that LMDeploy's api_server does not take as they are (its own `session_id` is an
+# interactive-mode integer, not a routing key: voltgate's `session_key` is not sent).
+_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "session_key"}
 
 
 class LMDeployNotInstalled(Exception):
@@ -55,6 +56,9 @@ class LMDeployAdapter:
             logprobs=True,
             completion_logprobs=False,
             vision=plan.vision_encoder is not None,
+            # Its api_server sends `cached_tokens: 0` whatever it reused: the count is filled only with
+            # --enable-metrics (lmdeploy/turbomind/turbomind.py `_get_metrics`), not verified on 0.18 (docs/api.md).
+            cached_tokens=False,
         )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:
@@ -77,6 +81,8 @@ class LMDeployAdapter:
             "--server-port", str(port),
             "--model-name", plan.model,
         ]  # fmt: skip
+        if prefix_caching(plan):
+            argv.append("--enable-prefix-caching")
         if plan.tool_parser is not None:
             argv += ["--tool-call-parser", plan.tool_parser]
         if opts.max_prefill_token_num is not None:
@@ -137,6 +143,19 @@ class LMDeployAdapter:
         if err.code is not None and err.code.isdigit():
             err.code = None  # LMDeploy puts its integer ErrorCode here; not meaningful to clients
         return err
+
+
+def prefix_caching(plan: DeploymentPlan) -> bool:
+    """Whether TurboMind runs this plan with prefix caching (`--enable-prefix-caching`, off in LMDeploy by default).
+
+    On unless the model's config turns it off: LMDeploy 0.18 supports it for every plan voltgate makes. It is
+    a scheduler feature, independent of the GPU architecture (sm_70 included); it works with KV int8/int4
+    (`quant_policy`) and with tp > 1; the vision models the placement sends to TurboMind encode their images
+    in TurboMind (`_turbomind_native_vision`), whose prompts are eligible too (LMDeploy turns it off only for
+    Python-side image embeddings). What it refuses (prompt logits for every token, perplexity, interactive
+    `step`) voltgate never asks for. docs/engines.md, "Prefix caching", cites the sources.
+    """
+    return plan.lmdeploy.prefix_caching
 
 
 def image_messages(messages: list[dict[str, Any]], images: tuple[EngineImage, ...]) -> list[dict[str, Any]]:

@@ -31,9 +31,10 @@ class RemoteAdapter:
 
     def translate_request(self, request: AnyEngineRequest) -> dict[str, Any]:
         """The endpoint speaks OpenAI's dialect; the gateway already set the model name it knows. voltgate's own
-        `stream_options.include_prompt_usage` is left out (OpenAI refuses what it does not know)."""
+        `stream_options.include_prompt_usage` and `session_key` are left out (OpenAI refuses what it does not
+        know)."""
         if isinstance(request, EngineRequest):
-            request = request.without_prompt_usage()
+            request = request.without_prompt_usage().model_copy(update={"session_key": None})
         return request.wire()
 
     def normalize_error(self, status: int, body: bytes) -> UpstreamError:

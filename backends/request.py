@@ -216,6 +216,13 @@ class EngineRequest(_Frozen):
     images: tuple[EngineImage, ...] = Field(
         default=(), description="the messages' images, in the order of their IMAGE_MARKERs in the text"
     )
+    session_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="the client's session, hashed by the gateway (docs/agents.md, 'Session key'): requests with "
+        "the same key continue one conversation, so a worker may keep its prefix where the next turn finds it",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> EngineRequest:

@@ -84,8 +84,7 @@ def create_app(
     watch: Path | None = None,
     cluster: ClusterServing | None = None,
 ) -> FastAPI:
-    """Build the gateway for already-placed deployments; workers start in the lifespan. With `planner` (how to
-    re-read and place the config) it reloads on SIGHUP, `POST /admin/reload` and `watch`'s changes."""
+    """The gateway for placed deployments (workers start in the lifespan); `planner` re-places on reloads."""
     adapters = dict(adapters or default_adapters(config))
     metrics = metrics or Metrics()
     keys = KeyStore(config.auth, os.environ.get(config.auth.keys_env) if config.auth.keys_env else None)
@@ -106,7 +105,8 @@ def create_app(
 
             for plan in plans:
                 registry.add(make(plan, specs[plan.model]))
-            service = Service(registry, client, config.server, metrics, residency, ImageIntake(config.images))
+            service = Service(registry, client, config.server, metrics, residency, ImageIntake(config.images),
+                              prompt_cache=config.prompt_cache)  # fmt: skip
             store = ResponseStore(config.data_path(), max_age_s=config.server.responses_max_age_s,
                                   max_rows=config.server.responses_max_rows)  # fmt: skip
             context = AppContext(config, registry, service, metrics, keys, placement=placement or {}, store=store)

@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
+from gateway.config_errors import format_validation_error
 from gateway.serving.images import ImageLimits
 
 PACKAGE_PREFIX = "package:"
@@ -164,6 +164,21 @@ class ServerSettings(_Spec):
     )
     responses_max_rows: int | None = Field(
         default=100_000, ge=1, description="most stored Responses; the least recently used go first (null: no limit)"
+    )
+
+
+class PromptCacheSettings(_Spec):
+    """What the gateway does so a session's repeated prompt prefix comes from the engine's cache (docs/agents.md,
+    "Keeping the prefix cached"): one switch per neutralising rule, and the session key."""
+
+    claude_code_billing_header: bool = Field(
+        default=True,
+        description="remove Claude Code's `x-anthropic-billing-header:` line from system messages (its suffix "
+        "changes between requests and would invalidate the whole cached prefix)",
+    )
+    session_key: bool = Field(
+        default=True,
+        description="derive a hashed session key from what the client sends and pass it to the worker",
     )
 
 
@@ -356,6 +371,7 @@ class Config(_Spec):
     gpus: str = Field(default="auto", description="'auto' (NVML), 'none', or a layout such as '2xv100-16gb'")
     auth: AuthSettings = AuthSettings()
     placement: PlacementSettings = PlacementSettings()
+    prompt_cache: PromptCacheSettings = PromptCacheSettings()
     models: tuple[ModelSpec, ...] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -407,57 +423,6 @@ class EnvOverrides(BaseSettings):
     gpus: str | None = None
 
 
-# A source is one of three shapes; pydantic reports a bad one against all three. The key the user wrote
-# says which was meant, so only that member's errors are shown.
-_SOURCE_KEYS = {"GGUFSource": "gguf", "HFSource": "hf", "RemoteSource": "remote"}
-
-
-def _format_validation_error(path: Path, exc: ValidationError, raw: object, renamed: dict[str, str]) -> str:
-    """One line per bad key, `loc: message`: unknown keys as such, no pydantic prefixes or URLs, union
-    members collapsed to the one the user meant, and no knock-on "too short" errors for a container whose
-    item was already reported. `renamed` maps a top-level key to how to name it (set by an override)."""
-    errors = [_source_error(err, raw) for err in exc.errors()]
-    locs = [tuple(err["loc"]) for err in errors]
-    lines, seen = [f"{path}: invalid configuration"], set()
-    for err, loc in zip(errors, locs, strict=True):
-        if err["type"] == "other_member":
-            continue
-        if err["type"] == "too_short" and any(other[: len(loc)] == loc and other != loc for other in locs):
-            continue
-        names = [str(p) for p in loc]
-        if names:
-            names[0] = renamed.get(names[0], names[0])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
-        line = f"  {'.'.join(names) or '(top level)'}: {msg}"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def _source_error(err: ErrorDetails, raw: object) -> ErrorDetails:
-    """An error inside a union of sources, rewritten for the member the user meant (or for none)."""
-    loc = tuple(err["loc"])
-    at = next((i for i, part in enumerate(loc) if part in _SOURCE_KEYS), None)
-    if at is None:
-        return err
-    value: object = raw
-    for part in loc[:at]:
-        try:
-            value = value[part]  # type: ignore[index]
-        except (KeyError, IndexError, TypeError):
-            return err
-    keys = set(value) if isinstance(value, dict) else set()
-    meant = next((name for name, key in _SOURCE_KEYS.items() if key in keys), None)
-    if meant is None:
-        got = f" (got: {', '.join(sorted(map(str, keys)))})" if keys else ""
-        msg = f"a source needs one of the keys gguf, hf or remote{got}"
-        return ErrorDetails(type="source_kind", loc=loc[:at], msg=msg, input=value)
-    if loc[at] != meant:
-        return ErrorDetails(type="other_member", loc=loc[:at], msg="", input=value)
-    return ErrorDetails(type=err["type"], loc=loc[:at] + loc[at + 1 :], msg=err["msg"], input=err["input"])
-
-
 def load_config(path: Path, *, overrides: EnvOverrides | None = None) -> Config:
     """Read and validate a YAML config file; raise `ConfigError` naming each bad key."""
     try:
@@ -488,7 +453,7 @@ def load_config(path: Path, *, overrides: EnvOverrides | None = None) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(path, exc, raw, renamed)) from None
+        raise ConfigError(format_validation_error(path, exc, raw, renamed)) from None
 
 
 def env_overrides() -> EnvOverrides:

@@ -127,7 +127,7 @@ class Reloader:
                 result.unchanged.append(name)
                 if old_specs.get(name) != new_specs.get(name):
                     result.renamed.append(name)
-        for key in ("server", "auth", "gpus"):
+        for key in ("server", "auth", "gpus", "prompt_cache"):
             if getattr(self.current.config, key) != getattr(desired.config, key):
                 result.not_applied.append(f"{key} (restart to apply)")
         return result

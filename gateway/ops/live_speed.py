@@ -44,6 +44,8 @@ from gateway.placement.performance import Prediction
 
 WINDOW_REQUESTS = 200
 """Completed requests kept per model (bounded memory: a few hundred small records per configured model)."""
+MIN_PREFILL_TOKENS = 64
+"""A request measures the prefill speed when it prefilled at least this many tokens (shorter: TTFT is overhead)."""
 
 
 @dataclass(eq=False)
@@ -151,6 +153,24 @@ class LiveSpeed:
     def samples(self, model: str) -> list[Sample]:
         state = self._models.get(model)
         return list(state.samples) if state is not None else []
+
+    def prefill_seconds(self, model: str, tokens: int) -> float | None:
+        """Seconds this model takes to prefill `tokens` prompt tokens: at its measured prefill speed (p50, over
+        the window's streamed requests that ran alone and prefilled at least MIN_PREFILL_TOKENS, of prefilled
+        tokens / TTFT: a lower bound on the speed, TTFT holding the request overhead too), else by the plan's
+        prediction (`Prediction.ttft_at` less its overhead); None without either."""
+        rates = [
+            (s.prompt_tokens - s.cached_tokens) / s.ttft_s
+            for s in self.samples(model)
+            if s.ttft_s and s.alone and s.prompt_tokens - s.cached_tokens >= MIN_PREFILL_TOKENS
+        ]
+        rate = percentile(rates, 50)
+        if rate:
+            return tokens / rate
+        prediction = self.predictions.get(model)
+        if prediction is None or tokens <= 0:
+            return None
+        return max(0.0, prediction.ttft_at(tokens) - prediction.inputs.request_overhead_s)
 
     def summary(self, model: str) -> dict[str, Any]:
         """The model's `measured` object for `/v1/placement` (JSON-safe: null where there is no data)."""

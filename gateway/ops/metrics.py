@@ -98,6 +98,7 @@ class Metrics:
         self._worker_series(r)
         self._residency_series(r)
         self._speed_series(r)
+        self._prefix_series(r)
         self.live = live if live is not None else LiveSpeed()  # measured speed, per model
         r.register(LiveSpeedCollector(self.live))
         self.activity = Activity()  # recent errors and a speed history, for the status page (`gateway.ops.status`)
@@ -198,6 +199,52 @@ class Metrics:
             "voltgate:predicted_ttft_seconds", "The plan's time to first token for a 512-token prompt", ["model"],
             registry=r,
         )  # fmt: skip
+
+    def _prefix_series(self, r: CollectorRegistry) -> None:
+        self.prompt_neutralised = Counter(
+            "voltgate:prompt_neutralised",
+            "Requests whose volatile client bytes a rule took out of the prompt (gateway.serving.prompt_prefix)",
+            ["model", "rule"],
+            registry=r,
+        )
+        self.prompt_tokens_cached = Counter(
+            "voltgate:prompt_tokens_cached",
+            "Prompt tokens the engine served from its prefix cache (engines that report it: not LMDeploy)",
+            ["model"],
+            registry=r,
+        )
+        self.prompt_tokens_reported = Counter(
+            "voltgate:prompt_tokens_cache_reported",
+            "Prompt tokens of the requests whose engine said how many it served from cache (the hit share's base)",
+            ["model"],
+            registry=r,
+        )
+        self.prefill_saved = Counter(
+            "voltgate:prefill_seconds_saved",
+            "Prefill seconds the cached prompt tokens did not cost, at the model's measured prefill speed",
+            ["model"],
+            registry=r,
+        )
+
+    def prefix_cache(self, model: str) -> tuple[float | None, float]:
+        """Since the start: the share of the model's reported prompt tokens served from its prefix cache (None
+        before a request whose engine reported it), and the prefill seconds that saved."""
+        value = self.registry.get_sample_value
+        reported = value("voltgate:prompt_tokens_cache_reported_total", {"model": model}) or 0.0
+        cached = value("voltgate:prompt_tokens_cached_total", {"model": model}) or 0.0
+        saved = value("voltgate:prefill_seconds_saved_total", {"model": model}) or 0.0
+        return (cached / reported if reported else None), saved
+
+    def count_cached(self, model: str, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """One request's prefix-cache hit (None: its engine does not say; nothing counted). The seconds saved
+        are `LiveSpeed.prefill_seconds` of the cached tokens (docs/metrics.md, "Prefix cache")."""
+        if cached_tokens is None:
+            return
+        cached = min(cached_tokens, prompt_tokens)
+        self.prompt_tokens_reported.labels(model).inc(prompt_tokens)
+        self.prompt_tokens_cached.labels(model).inc(cached)
+        seconds = self.live.prefill_seconds(model, cached) if cached else 0.0
+        self.prefill_saved.labels(model).inc(seconds or 0.0)
 
     def set_worker_state(self, model: str, engine: str, state: str, states: Sequence[str]) -> None:
         for s in states:

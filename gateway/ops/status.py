@@ -60,6 +60,9 @@ class ModelStatus(_Out):
     measured_tok_s: float | None  # p50 per stream over the live window
     predicted_ttft_s: float | None
     measured_ttft_s: float | None
+    prefix_hit_share: float | None  # of the prompt tokens since the start, served from the prefix cache (None:
+    # no request yet whose engine reports it; LMDeploy never does, docs/api.md "Cached tokens")
+    prefill_saved_s: float  # prefill seconds the cache saved since the start (docs/metrics.md, "Prefix cache")
 
 
 class RefusedModel(_Out):
@@ -163,6 +166,7 @@ def _model(
     plan = deployment.plan
     prediction = metrics.live.predictions.get(deployment.name)
     decode, ttft = metrics.live.medians().get(deployment.name, (None, None))
+    hit_share, saved_s = metrics.prefix_cache(deployment.name)
     memory = [
         PoolMemory(pool=pool, estimated_bytes=m.get("estimated_bytes"), measured_bytes=m.get("measured_bytes"))
         for pool, m in sorted((described.get("memory") or {}).items())
@@ -188,6 +192,8 @@ def _model(
         measured_tok_s=None if decode is None else round(decode, 1),
         predicted_ttft_s=round(prediction.ttft_s, 4) if prediction else None,
         measured_ttft_s=None if ttft is None else round(ttft, 4),
+        prefix_hit_share=None if hit_share is None else round(hit_share, 4),
+        prefill_saved_s=round(saved_s, 3),
     )
 
 

@@ -254,6 +254,17 @@ def _vision_note(source: SourceInfo, fit: TurboMindFit) -> list[str]:
     ]
 
 
+def _prefix_note(on: bool) -> str:
+    """What prefix caching does to the KV budget, in words (docs/engines.md, "Prefix caching")."""
+    if not on:
+        return "prefix caching off (lmdeploy.prefix_caching: false): every prompt is prefilled in full"
+    return (
+        "prefix caching on: a prompt's full 64-token KV blocks stay in this KV cache after its request ends and "
+        "are reused by a later prompt with the same prefix; they take no memory beyond it (evicted, oldest "
+        "first, when live sessions need the blocks), so the sessions above are unchanged"
+    )
+
+
 def _tm_placed(
     work: ModelWork,
     rung: str,
@@ -292,6 +303,7 @@ def _tm_placed(
         f"KV cache {gib(fit.estimate.kv_cache_bytes)} holds {fit.sessions_in_cache} full {session}-token "
         f"session(s); max_batch_size {fit.max_batch_size}; cache_max_entry_count {fit.cache_max_entry_count} "
         "of the memory free after the weights",
+        _prefix_note(spec.lmdeploy.prefix_caching),
     ]
 
     def regrow(budgets: dict[int, int]) -> Placed | None:

@@ -99,6 +99,7 @@ class _Sampling(BaseModel):
     frequency_penalty: Penalty | None = None
     logit_bias: dict[Annotated[int, Field(ge=0)], LogitBias] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # a session hint (gateway.serving.prompt_prefix), never sent on
     # Extensions understood by both engines (LMDeploy and our llama.cpp worker).
     top_k: TopK | None = None
     min_p: MinP | None = None

@@ -26,9 +26,11 @@ class CompletionUsage(_Out):
     prompt_tokens_details: dict[str, Any] | None = None  # relayed to chat clients as the engine sent it
 
     @property
-    def cached_tokens(self) -> int:
-        """The prompt tokens served from the engine's prefix cache (0 when it does not say)."""
-        return int((self.prompt_tokens_details or {}).get("cached_tokens") or 0)
+    def cached_tokens(self) -> int | None:
+        """The prompt tokens served from the engine's prefix cache; None when the engine does not say (docs/api.md,
+        "Cached tokens": LMDeploy's answers have their details removed, a 0 there is not measured)."""
+        cached = (self.prompt_tokens_details or {}).get("cached_tokens")
+        return cached if isinstance(cached, int) else None
 
 
 def _stop_match(value: object) -> object:
@@ -94,11 +96,14 @@ class ChatCompletion(_Out):
         return self.choices[0] if self.choices else ChatChoice(message=ChatCompletionMessage())
 
     def wire(self) -> dict[str, Any]:
-        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent."""
+        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent, and
+        `usage.prompt_tokens_details` absent when the engine did not say (docs/api.md, "Cached tokens")."""
         body = self.model_dump(mode="json")
         for choice in body["choices"]:
             if choice["message"].get("tool_calls") is None:
                 choice["message"].pop("tool_calls", None)
+        if body.get("usage") and body["usage"].get("prompt_tokens_details") is None:
+            body["usage"].pop("prompt_tokens_details", None)
         return body
 
 

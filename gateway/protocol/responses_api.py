@@ -1,6 +1,7 @@
 """Request body for /v1/responses (OpenAI's Responses API), validated before it becomes a chat request.
 
-Hints with no meaning for generation here (`service_tier`, `prompt_cache_key`, `safety_identifier`,
+`prompt_cache_key`, `user` and `previous_response_id` name the session (gateway.serving.prompt_prefix).
+Hints with no meaning for generation here (`service_tier`, `safety_identifier`,
 `stream_options`, `max_tool_calls`, which only counts built-in tool calls) are ignored, as OpenAI ignores
 unknown fields. A `namespace` tool is a group of function tools and is served (see `NamespaceTool`); hosted
 web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
@@ -230,6 +231,7 @@ class ResponsesRequest(Body):
     top_p: TopP | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # a session hint (gateway.serving.prompt_prefix)
     store: bool | None = True
     previous_response_id: str | None = Field(default=None, min_length=1)
     stream: bool | None = False

@@ -16,6 +16,7 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest, Embedding
 from gateway.protocol.rerank import RerankRequest, parse_rerank_request
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
+from gateway.serving.prompt_prefix import SessionHints, session_key
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import RequestContext, StreamSession, UnaryResult
 from gateway.serving.session import CONTEXT_KEY
@@ -80,6 +81,9 @@ async def _handle(request: Request, kind: RequestKind, model_type: type[Any]) ->
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
+    if isinstance(parsed, ChatCompletionRequest | CompletionRequest):
+        hints = SessionHints(prompt_cache_key=parsed.prompt_cache_key, user=parsed.user)
+        ctx.session_key = session_key(hints, request.headers)
     return render(await app.service.handle(parsed, request, ctx))
 
 

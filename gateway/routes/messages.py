@@ -27,6 +27,7 @@ from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.protocol.responses import ChatCompletion
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, model_hint, render
+from gateway.serving.prompt_prefix import SessionHints, session_key
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession, UnaryResult
 from gateway.translate import MessagesStream, messages, new_id, parse_body
@@ -68,6 +69,8 @@ async def _submit(
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
+    user_id = req.metadata.user_id if isinstance(req, MessagesRequest) and req.metadata else None
+    ctx.session_key = session_key(SessionHints(anthropic_user_id=user_id), request.headers)
     try:
         return req, await app.service.handle(chat, request, ctx, translate=lambda body: render(req, body))
     except GatewayError as exc:  # accounted by the service; it names chat parameters

@@ -30,6 +30,7 @@ from gateway.protocol.responses_api import ResponsesRequest
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, body_schema, model_hint, render
+from gateway.serving.prompt_prefix import SessionHints, session_key
 from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import StreamSession
 from gateway.translate import ResponsesStream, new_id, parse_body, responses
@@ -109,6 +110,11 @@ async def create_response(request: Request) -> Response:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
     turn = _Turn(req, store, ctx.principal.key_id, new_id("resp"), int(time.time()))
+    hints = SessionHints(prompt_cache_key=req.prompt_cache_key, previous_response_id=req.previous_response_id,
+                         user=req.user)  # fmt: skip
+    ctx.session_key = session_key(hints, request.headers, app.service.chains)
+    if ctx.session_key is not None:  # the next turn of this chain keeps the key
+        app.service.chains.remember(turn.response_id, ctx.session_key)
     headers = _dropped(req, ctx.request_id)
     try:
         result = await app.service.handle(chat, request, ctx, translate=turn.render)

@@ -74,11 +74,11 @@ async def relay_direct(
     include_usage: bool,
     keepalive_s: float,
     on_done: Callable[[], Awaitable[None]],
+    cached_tokens: bool = True,
 ) -> AsyncGenerator[bytes, None]:
-    """Relay an upstream SSE body to the client in the caller's task; `on_done` runs before `[DONE]` is
-    yielded (the caller releases the slot there) and at the end, however it ends (it must be idempotent).
-    Same contract as `relay_stream`: `[DONE]` on its own, and a body that ends early or breaks gives one
-    error frame and `[DONE]`."""
+    """Relay an upstream SSE body to the client in the caller's task; `on_done` (idempotent) runs before `[DONE]`
+    is yielded (the caller releases the slot there) and at the end, however it ends. As `relay_stream`: `[DONE]`
+    on its own, and a body that ends early or breaks gives one error frame and `[DONE]`."""
     reads = response.aiter_raw()
     quiet = _Quiet(line, keepalive_s)
     buffer = b""
@@ -105,7 +105,7 @@ async def relay_direct(
                     if not end:
                         continue
                     run, buffer = buffer[:end], buffer[end:]
-                out, done = _relay_run(run, stats, include_usage)
+                out, done = _relay_run(run, stats, include_usage, cached_tokens)
                 if line.chunk is not None:
                     line.chunk.adopt(run)
                 quiet.since = None if out or done else quiet.since

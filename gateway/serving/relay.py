@@ -41,7 +41,7 @@ class StreamStats:
     chunks: int = 0
     chunks_before_content: int = 0  # of `chunks`, those relayed before the first content (role chunks)
     prompt_tokens: int | None = None
-    cached_tokens: int = 0  # of the prompt, served from the engine's prefix cache (when it says so)
+    cached_tokens: int | None = None  # of the prompt, served from the engine's prefix cache (None: it does not say)
     completion_tokens: int | None = None
     error: GatewayError | None = None
     completed: bool = False
@@ -219,25 +219,29 @@ class RelayResponse(StreamingResponse):
             await self._on_close()
 
 
-def _inspect_frame(frame: bytes, stats: StreamStats) -> bool:
-    """Update stats from one `data:` frame; True if it is the usage-only frame (choices == [])."""
+def _inspect_frame(frame: bytes, stats: StreamStats, cached_tokens: bool = True) -> tuple[bool, bytes]:
+    """Update stats from one `data:` frame: whether it is the usage-only frame (choices == []), and the frame
+    to relay. With `cached_tokens` False (an engine whose count is not measured: LMDeploy) the usage's
+    `prompt_tokens_details` is taken out of the frame and not read."""
     if b'"usage"' not in frame or frame.startswith(b"data: [DONE]"):
-        return False
+        return False, frame
     try:
         data = json.loads(frame[5:])
     except ValueError:
-        return False
+        return False, frame
     if not isinstance(data, dict):
-        return False
+        return False, frame
     usage = data.get("usage")
     if isinstance(usage, dict):
         stats.prompt_tokens = usage.get("prompt_tokens")
+        if not cached_tokens and usage.pop("prompt_tokens_details", None) is not None:
+            frame = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        stats.cached_tokens = cached if isinstance(cached, int) else 0
+        stats.cached_tokens = cached if isinstance(cached, int) else None
         if data.get("choices") == [] or usage.get("completion_tokens"):  # not a first chunk's prompt usage
             stats.completion_tokens = usage.get("completion_tokens")
-    return usage is not None and data.get("choices") == []
+    return usage is not None and data.get("choices") == [], frame
 
 
 async def sse_frames(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -261,9 +265,10 @@ def _frames_end(buffer: bytes) -> int:
     return buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0
 
 
-def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[bytes, bool]:
+def _relay_run(run: bytes, stats: StreamStats, include_usage: bool, cached_tokens: bool = True) -> tuple[bytes, bool]:
     """What to send the client for a run of complete frames, and whether the run reached `[DONE]` (which is
-    not included, nor anything after it). Comments are dropped, the usage-only frame too unless asked for."""
+    not included, nor anything after it). Comments are dropped, the usage-only frame too unless asked for;
+    `cached_tokens` False: usage details left out (`_inspect_frame`)."""
     now = time.monotonic()
     if stats.first_content_at is None and _carries_content(run):
         stats.first_content_at = now
@@ -286,7 +291,8 @@ def _relay_run(run: bytes, stats: StreamStats, include_usage: bool) -> tuple[byt
             stats.error = GatewayError(ErrorCode.UPSTREAM_ERROR, frame.decode(errors="replace")[:300])
             kept.append(frame)
             continue
-        if _inspect_frame(frame, stats) and not include_usage:
+        usage_only, frame = _inspect_frame(frame, stats, cached_tokens)
+        if usage_only and not include_usage:
             continue
         _count_chunks(stats, 1, now)
         kept.append(frame)
@@ -450,6 +456,7 @@ async def relay_stream(
     model: str,
     include_usage: bool,
     keepalive_s: float,
+    cached_tokens: bool = True,
 ) -> AsyncGenerator[bytes, None]:
     """Relay upstream frames to the client, with keep-alive comments while the upstream is silent.
 
@@ -471,7 +478,7 @@ async def relay_stream(
                 if not runs:
                     break
                 for run in runs:
-                    out, done = _relay_run(run, stats, include_usage)
+                    out, done = _relay_run(run, stats, include_usage, cached_tokens)
                     if out:
                         sent = True
                         yield out

@@ -21,8 +21,8 @@ import contextlib
 import httpx
 from starlette.requests import Request
 
-from backends.request import EngineImage, RequestKind
-from gateway.config import ServerSettings
+from backends.request import AnyEngineRequest, EngineImage, EngineRequest, RequestKind
+from gateway.config import PromptCacheSettings, ServerSettings
 from gateway.deployments import Deployment, Registry, Task
 from gateway.errors import GatewayError
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
@@ -30,6 +30,7 @@ from gateway.lifecycle.residency import Residency
 from gateway.ops.metrics import Metrics
 from gateway.protocol.served import ServedRequest
 from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.prompt_prefix import ResponseChains, neutralise
 from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
 from gateway.serving.unary import Translate, UnaryCall, UnaryResult
 from gateway.serving.upstream import Upstream
@@ -54,12 +55,15 @@ class Service:
         metrics: Metrics,
         residency: Residency | None = None,
         images: ImageIntake | None = None,
+        prompt_cache: PromptCacheSettings | None = None,
     ):
         self.registry = registry
         self.client = client
         self.settings = settings
         self.metrics = metrics
         self.images = images or ImageIntake()
+        self.prompt_cache = prompt_cache or PromptCacheSettings()
+        self.chains = ResponseChains()  # Responses' session keys, for `previous_response_id` turns
         self.residency = residency or Residency(registry, settings, metrics, Pools({HOST: None}, NoProbe()))
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
         self._upstreams: dict[str, Upstream] = {}
@@ -85,6 +89,7 @@ class Service:
                 parsed, model=deployment.name, vision=deployment.capabilities.vision
             )
             engine = parsed.to_engine(self._target(deployment, ctx.api, images))
+            engine = self._keep_prefix(engine, ctx, deployment.name)
             self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
             ctx.principal.admit()
         except GatewayError as exc:
@@ -103,6 +108,18 @@ class Service:
         )  # fmt: skip
         await session.open()
         return session
+
+    def _keep_prefix(self, engine: AnyEngineRequest, ctx: RequestContext, model: str) -> AnyEngineRequest:
+        """The engine request with its volatile client bytes neutralised (each rule counted) and the session
+        key attached (`gateway.serving.prompt_prefix`; `prompt_cache` in the config switches each off)."""
+        if not isinstance(engine, EngineRequest):
+            return engine
+        engine, rules = neutralise(engine, self.prompt_cache)
+        for rule in rules:
+            self.metrics.prompt_neutralised.labels(model, rule.value).inc()
+        if ctx.session_key is not None and self.prompt_cache.session_key:
+            engine = engine.model_copy(update={"session_key": ctx.session_key})
+        return engine
 
     def upstream(self, deployment: Deployment) -> Upstream:
         """The deployment's one `Upstream` (a new one when a reload replaced the deployment of that name)."""

@@ -67,6 +67,7 @@ class RequestContext:
     api: str | None = None  # a translated API riding on `kind` ("responses", "messages"): the endpoint label
     accounted: bool = False  # its access-log line is written (`account`): at most one per request
     counted_chunks: bool = False  # a stream cut short before its usage frame: its chunks counted as tokens
+    session_key: str | None = None  # the client's session, hashed (gateway.serving.prompt_prefix.session_key)
 
 
 def account(
@@ -207,7 +208,10 @@ class RequestScope:
         tokens: tuple[int, int] | None = None,
         stats: StreamStats | None = None,
         error: GatewayError | None = None,
+        cached: int | None = None,
     ) -> None:
+        """Account the request once: release its slot and hold, count its tokens (`cached`: of the prompt,
+        served from the engine's prefix cache, None when the engine does not say; a stream's are in `stats`)."""
         if self.finished:
             return
         self.finished = True
@@ -224,6 +228,7 @@ class RequestScope:
         if tokens:
             metrics.prompt_tokens.labels(model).inc(tokens[0])
             metrics.generation_tokens.labels(model).inc(tokens[1])
+            metrics.count_cached(model, tokens[0], stats.cached_tokens if stats is not None else cached)
         metrics.latency.labels(model).observe(time.monotonic() - ctx.started)
         if stats is not None and stats.first_token_at is not None:
             # the first generated token; a stream with none (or none recognised) falls back to its first chunk
@@ -245,7 +250,7 @@ class RequestScope:
         else:
             sample = live.end(
                 self.flight, completed=completed, tokens=tokens, streamed=True, first_content_at=stats.first_content_at,
-                last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens,
+                last_chunk_at=stats.last_chunk_at, cached_tokens=stats.cached_tokens or 0,
             )  # fmt: skip
         if sample is not None and tokens is not None:
             self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
@@ -341,14 +346,16 @@ class StreamSession:
         translated APIs' own keep-alive events)."""
         assert self._upstream is not None
         model, usage, keepalive = self.scope.model, self._include_usage, self._keepalive_s
+        cached = self.scope.deployment.capabilities.cached_tokens
         if direct:
             return relay_direct(
                 self._upstream, self.stats, self.line, model=model, include_usage=usage,
-                keepalive_s=keepalive, on_done=self.close,
+                keepalive_s=keepalive, on_done=self.close, cached_tokens=cached,
             )  # fmt: skip
         return relay_stream(
-            sse_frames(self._upstream), self.stats, model=model, include_usage=usage, keepalive_s=keepalive
-        )
+            sse_frames(self._upstream), self.stats, model=model, include_usage=usage, keepalive_s=keepalive,
+            cached_tokens=cached,
+        )  # fmt: skip
 
     async def _frames(self, *, direct: bool) -> AsyncGenerator[bytes, None]:
         """Any wait's comments, then the relayed runs; closes the session on `[DONE]` and at the end."""

@@ -112,6 +112,7 @@ class UnaryCall:
         with its error's status), or 499 when `disconnected` returns first; accounted exactly once."""
         status: int = 500
         tokens: Tokens | None = None
+        cached: int | None = None
         error: GatewayError | None = None
         try:
             call = asyncio.ensure_future(self._call())
@@ -130,6 +131,8 @@ class UnaryCall:
                 status = CLIENT_GONE
                 return UnaryResult(None, CLIENT_GONE)
             answer, tokens = read(self.scope.ctx.kind, call.result())
+            if isinstance(answer, ChatCompletion):
+                answer, cached = _cached(answer, self.scope.deployment.capabilities.cached_tokens)
             payload = rendered(answer, translate)  # counted with its tokens even when the rendering fails
             status = 200
             return UnaryResult(payload)
@@ -137,4 +140,16 @@ class UnaryCall:
             status, error = exc.status, exc
             raise
         finally:
-            self.scope.finish(status, tokens, error=error)
+            self.scope.finish(status, tokens, error=error, cached=cached)
+
+
+def _cached(chat: ChatCompletion, measured: bool) -> tuple[ChatCompletion, int | None]:
+    """The answer as its client gets it, and the prompt tokens its engine served from cache (None: not said).
+    An engine whose count is not measured (`EngineCapabilities.cached_tokens`) has its usage details removed."""
+    usage = chat.usage
+    if usage is None:
+        return chat, None
+    if not measured and usage.prompt_tokens_details is not None:
+        usage = usage.model_copy(update={"prompt_tokens_details": None})
+        return chat.model_copy(update={"usage": usage}), None
+    return chat, usage.cached_tokens

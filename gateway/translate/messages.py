@@ -299,17 +299,16 @@ def stop_reason(
 def usage(chat_usage: CompletionUsage | None) -> dict[str, int]:
     """Chat usage in Anthropic's terms: prompt tokens served from the engine's prefix cache are
     `cache_read_input_tokens`, the rest `input_tokens` (their sum is the prompt, as Anthropic counts it;
-    nothing is written to a cache on request, so `cache_creation_input_tokens` is 0)."""
+    nothing is written to a cache on request, so `cache_creation_input_tokens` is 0). An engine that does not
+    say what it served from cache (LMDeploy) gets no `cache_read_input_tokens` (optional in Anthropic's Usage)
+    rather than a 0 that was never measured."""
     if chat_usage is None:
         return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    prompt = chat_usage.prompt_tokens
-    cached = min(prompt, chat_usage.cached_tokens)
-    return {
-        "input_tokens": prompt - cached,
-        "output_tokens": chat_usage.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    }
+    prompt, said = chat_usage.prompt_tokens, chat_usage.cached_tokens
+    cached = 0 if said is None else min(prompt, said)
+    counted = {"input_tokens": prompt - cached, "output_tokens": chat_usage.completion_tokens,
+               "cache_creation_input_tokens": 0}  # fmt: skip
+    return counted if said is None else {**counted, "cache_read_input_tokens": cached}
 
 
 def prompt_tokens(chat_usage: CompletionUsage | None) -> int:

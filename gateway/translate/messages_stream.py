@@ -170,7 +170,8 @@ class MessagesStream:
         if self._usage is None:
             return {}
         counted = usage(self._usage)
-        return {k: counted[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
+        keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        return {k: counted[k] for k in keys if k in counted}
 
     def _on_text(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

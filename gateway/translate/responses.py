@@ -217,13 +217,15 @@ def _chat(req: ResponsesRequest, messages: list[Message]) -> ChatCompletionReque
 # -- response ---------------------------------------------------------------------------------------------
 def usage(chat_usage: CompletionUsage | None) -> dict[str, Any] | None:
     """Chat usage in the Responses API's shape (None: the engine sent none). The chat usage has no reasoning
-    count (`CompletionUsage` keeps none), so `reasoning_tokens` is 0."""
+    count (`CompletionUsage` keeps none), so `reasoning_tokens` is 0; `cached_tokens` is the engine's count, 0
+    where it does not say (OpenAI's schema requires the field)."""
     if chat_usage is None:
         return None
     prompt, completion = chat_usage.prompt_tokens, chat_usage.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": chat_usage.cached_tokens, "cache_write_tokens": 0},
+        # Required by OpenAI's ResponseUsage: 0 where the engine does not say (LMDeploy; docs/api.md).
+        "input_tokens_details": {"cached_tokens": chat_usage.cached_tokens or 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat_usage.total_tokens or prompt + completion,

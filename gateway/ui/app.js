@@ -48,6 +48,7 @@ async function errorText(response) {
 
 const gib = (n) => (n === null || n === undefined ? "–" : (n / GIB).toFixed(2) + " GiB");
 const num = (n, digits) => (n === null || n === undefined ? "–" : Number(n).toFixed(digits));
+const pct = (r) => (r === null || r === undefined ? "–" : (r * 100).toFixed(0) + " %");
 const ms = (s) => (s === null || s === undefined ? "–" : (s * 1000).toFixed(0) + " ms");
 
 // -- access ------------------------------------------------------------------------------------------
@@ -123,6 +124,7 @@ function renderModels(status) {
       el("td", "", `${m.in_flight} / ${m.queued}`),
       el("td", "", `${num(m.predicted_tok_s, 1)} / ${num(m.measured_tok_s, 1)}`),
       el("td", "", `${ms(m.predicted_ttft_s)} / ${ms(m.measured_ttft_s)}`),
+      el("td", "", `${pct(m.prefix_hit_share)} / ${num(m.prefill_saved_s, 1)} s`),
     ];
     const admin = el("td", "admin-only");
     if (status.admin && m.host === "local") {

@@ -85,6 +85,7 @@ def test_plan_sends_the_model_to_turbomind_with_fp16_flags(turbomind_gateway: tu
     assert flags["--tp"] == "1"
     assert flags["--model-name"] == MODEL
     assert int(flags["--session-len"]) == 2048
+    assert "--enable-prefix-caching" in argv  # the stand-in's argparse takes it as TurboMind's does (a bare flag)
     assert record["cuda_visible_devices"] == "0"
     assert "bf16" in gateway.log().lower() or "bfloat16" in gateway.log().lower()
 
@@ -114,3 +115,21 @@ def test_placement_endpoint_explains_the_decision(turbomind_gateway: tuple[Gatew
     gateway, _ = turbomind_gateway
     placement = httpx.get(gateway.base_url + "/placement", timeout=5).json()
     assert "lmdeploy" in json.dumps(placement)
+
+
+def test_turbomind_answers_carry_no_unmeasured_cached_tokens(turbomind_gateway: tuple[Gateway, Path]) -> None:
+    """LMDeploy's count is not measured (docs/api.md, "Cached tokens"): the stand-in's worker does report one, and
+    the gateway still leaves it out for a TurboMind deployment, on chat (whole and streamed) and on Messages."""
+    import anthropic
+
+    gateway, _ = turbomind_gateway
+    client = gateway.client()
+    ask = [{"role": "user", "content": "Say hi"}]
+    whole = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=2)  # type: ignore[arg-type]
+    assert whole.usage is not None and whole.usage.prompt_tokens > 0 and whole.usage.prompt_tokens_details is None
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ask, max_tokens=2, stream=True,  # type: ignore[call-overload]
+                                                 stream_options={"include_usage": True}))  # fmt: skip
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens_details is None
+    messages = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)
+    reply = messages.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Say hi"}])
+    assert reply.usage.input_tokens > 0 and reply.usage.cache_read_input_tokens is None

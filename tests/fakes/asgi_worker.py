@@ -35,6 +35,7 @@ class Behaviour:
     chunks: int = 3
     delay_s: float = 0.0
     choice: dict[str, Any] = field(default_factory=dict)  # merged into a non-streamed answer's choice
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: left out, as LMDeploy may)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class FakeEngine:
         if body.stream:
             return StreamingResponse(self._frames(body), media_type="text/event-stream")
         await asyncio.sleep(b.delay_s)
-        return JSONResponse(_completion(b.text, b.choice))
+        return JSONResponse(_completion(b.text, b.choice) | {"usage": _usage(b, 2)})
 
     async def _frames(self, body: EngineRequest) -> AsyncIterator[bytes]:
         b = self.behaviour
@@ -64,10 +65,17 @@ class FakeEngine:
             yield _frame({"content": f"{b.text}{i}"})
         yield _frame({}, "stop")
         if body.include_usage:
-            usage = {"prompt_tokens": 4, "completion_tokens": b.chunks, "total_tokens": 4 + b.chunks}
+            usage = _usage(b, b.chunks)
             yield b"data: " + json.dumps({**_envelope("chat.completion.chunk"), "choices": [], "usage": usage}).encode()
             yield b"\n\n"
         yield b"data: [DONE]\n\n"
+
+
+def _usage(b: Behaviour, completion: int) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": 4, "completion_tokens": completion, "total_tokens": 4 + completion}
+    if b.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": b.cached_tokens}
+    return usage
 
 
 def _envelope(obj: str) -> dict[str, Any]:

@@ -275,3 +275,16 @@ def test_metrics_show_the_prediction_and_the_measured_p50s() -> None:
     assert out[("voltgate:predicted_ttft_seconds", (("model", "m"),))] == pytest.approx(0.522)
     assert out[("voltgate:measured_decode_tokens_per_second", (("model", "m"),))] == pytest.approx(40.0)  # 30, 50
     assert out[("voltgate:measured_ttft_seconds", (("model", "m"),))] == pytest.approx(0.3)  # 0.2, 0.4
+
+
+def test_prefill_seconds_come_from_the_measured_prefill_speed_else_from_the_plan() -> None:
+    live, clock = live_at()
+    assert live.prefill_seconds("m", 1000) is None  # no measurement, no prediction
+    live.predictions["m"] = PREDICTION
+    predicted = live.prefill_seconds("m", 1000)
+    assert predicted == pytest.approx(PREDICTION.ttft_at(1000))  # no overhead in this plan: all of it prefill
+    flight = live.begin("m")
+    clock.now = 1.0
+    live.end(flight, completed=True, tokens=(500, 11), first_content_at=0.2, last_chunk_at=1.0, streamed=True,
+             cached_tokens=100)  # fmt: skip  # 400 tokens prefilled in 0.2 s: 2,000 tok/s measured
+    assert live.prefill_seconds("m", 1000) == pytest.approx(0.5)

@@ -105,10 +105,22 @@ def test_argv_and_env_follow_the_plan(
     assert argv[:4] == [lmdeploy_bin, "serve", "api_server", "/models/llama-2-7b-hf"]
     assert argv[4:10] == ["--backend", "turbomind", "--model-format", "hf", "--dtype", "float16"]
     assert argv[10:20] == expected_tail
-    assert argv[20:] == ["--server-name", "127.0.0.1", "--server-port", "23333", "--model-name", "llama-2-7b"]
+    assert argv[20:26] == ["--server-name", "127.0.0.1", "--server-port", "23333", "--model-name", "llama-2-7b"]
+    assert argv[26:] == ["--enable-prefix-caching"]  # on for every plan: tp > 1 and KV int8 included
     assert spec.env["CUDA_VISIBLE_DEVICES"] == visible
     assert spec.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert spec.health_path == "/v1/models"
+
+
+@pytest.mark.parametrize("overrides", [{}, {"quant_policy": 4}, {"tp": 2, "gpu_indices": (0, 1)},
+                                       {"vision_encoder": "Qwen2-VL ViT"}])  # fmt: skip
+def test_prefix_caching_is_on_for_every_kind_of_plan_until_the_model_turns_it_off(
+    lmdeploy_bin: str, overrides: dict
+) -> None:
+    on = LMDeployAdapter().launch_spec(plan(lmdeploy_bin, **overrides), port=1)
+    assert on.argv.count("--enable-prefix-caching") == 1
+    off = plan(lmdeploy_bin, **overrides, lmdeploy=LMDeployOptions(executable=lmdeploy_bin, prefix_caching=False))
+    assert "--enable-prefix-caching" not in LMDeployAdapter().launch_spec(off, port=1).argv
 
 
 def test_awq_weights_use_model_format_awq(lmdeploy_bin: str) -> None:

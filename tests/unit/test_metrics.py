@@ -46,6 +46,10 @@ DOCUMENTED = {
     "voltgate:predicted_ttft_seconds": "gauge",
     "voltgate:measured_decode_tokens_per_second": "gauge",
     "voltgate:measured_ttft_seconds": "gauge",
+    "voltgate:prompt_neutralised": "counter",
+    "voltgate:prompt_tokens_cached": "counter",
+    "voltgate:prompt_tokens_cache_reported": "counter",
+    "voltgate:prefill_seconds_saved": "counter",
 }
 GPU_SERIES = {"voltgate:gpu_memory_used_bytes", "voltgate:gpu_memory_total_bytes", "voltgate:gpu_utilization_ratio"}
 

@@ -232,3 +232,14 @@ def test_plan_table_prints_the_predicted_speed_of_the_chosen_and_of_each_fit_pas
     assert "~ also fits: llamacpp-gpu Q8_0 on 0, 4096 x 1: 1 stream 73 tok/s" in text
     assert "not chosen: lower precision (Q8_0) than float16: objective quality keeps the highest precision" in text
     assert "> rule highest_precision: objective quality: float16 is the highest precision" in text
+
+
+def test_a_turbomind_plan_explains_prefix_caching_and_a_model_can_turn_it_off(zoo: Path) -> None:
+    """Prefix caching shares the plan's KV cache: the explanation says so, and the sessions do not change."""
+    on = decide(zoo, "v100-32gb", sources=[hf("llama2-7b")], concurrency=4)
+    off = decide(zoo, "v100-32gb", sources=[hf("llama2-7b")], concurrency=4, lmdeploy={"prefix_caching": False})
+    assert on.plan is not None and off.plan is not None and on.plan.engine is EngineName.LMDEPLOY
+    assert any(n.startswith("prefix caching on: a prompt's full 64-token KV blocks") for n in on.notes), on.notes
+    assert any(n.startswith("prefix caching off (lmdeploy.prefix_caching: false)") for n in off.notes), off.notes
+    assert (on.plan.slots, on.plan.cache_max_entry_count) == (off.plan.slots, off.plan.cache_max_entry_count)
+    assert on.plan.lmdeploy.prefix_caching and not off.plan.lmdeploy.prefix_caching

@@ -75,3 +75,14 @@ async def test_on_a_cluster_every_host_has_its_bars_and_each_model_names_its_hos
     assert report.pools[0].label.endswith("· host x") and report.pools[2].label == "host memory · host y"
     assert report.pools[2].total_bytes == 4096 * MB and report.pools[2].reserved_bytes == 3072 * MB
     assert report.models[0].cluster_host == "y" and report.models[0].host == "local"
+
+
+async def test_each_model_shows_its_prefix_hit_share_and_the_prefill_it_saved() -> None:
+    h = Harness({"a": ("on_demand", 100 * MB), "b": ("on_demand", 100 * MB)}, budget=None)
+    h.metrics.count_cached("a", 1000, 900)
+    h.metrics.count_cached("a", 1000, 0)
+    h.metrics.count_cached("b", 1000, None)  # its engine does not say (LMDeploy): no share, not 0
+    report = status_report(h.registry, h.residency, h.metrics, {}, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    shares = {m.name: (m.prefix_hit_share, m.prefill_saved_s) for m in report.models}
+    assert shares == {"a": (0.45, 0.0), "b": (None, 0.0)}  # no prefill speed known yet: no seconds

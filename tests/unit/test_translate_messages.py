@@ -310,8 +310,7 @@ def test_text_completion_is_an_end_turn_message() -> None:
         "usage": {
             "input_tokens": 20,
             "output_tokens": 7,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,  # no cache_read_input_tokens: the usage says nothing of a cache
         },
     }
 

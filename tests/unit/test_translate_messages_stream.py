@@ -144,16 +144,14 @@ def test_text_stream_is_the_documented_event_flow() -> None:
     assert events[6]["usage"] == {
         "output_tokens": 6,
         "input_tokens": 21,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,  # no cache_read_input_tokens: the usage says nothing of a cache
     }
     final = stream.final_message()
     anthropic.types.Message.model_validate(final)
     assert final["content"] == [{"type": "text", "text": "Hello"}] and final["usage"] == {
         "input_tokens": 21,
         "output_tokens": 6,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,  # no cache_read_input_tokens: the usage says nothing of a cache
     }
 
 

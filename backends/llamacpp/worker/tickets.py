@@ -74,8 +74,8 @@ class GenerationRequest:
     report_start: bool = False
     """Put a `Started` event (the prompt's usage) when the request gets its slot."""
     session_key: str | None = None
-    """The client's session (the gateway derives it from what the client sends): its slot's state is worth
-    keeping in host memory (`prompt_cache.SavePolicy`)."""
+    """The gateway's session key (`EngineRequest.session_key`): the same key, the same conversation. Its
+    slot's state is worth keeping in host memory (`prompt_cache.SavePolicy`)."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
