@@ -136,7 +136,9 @@ def summary(turns: Sequence[Turn], duration_s: float | None = None) -> dict[str,
     return out
 
 
-async def measure(series: list[Series], reps: int) -> list[dict[str, Any]]:
+async def measure(series: list[Series], reps: int, out: Path | None) -> list[dict[str, Any]]:
+    """Every level of every series, interleaved; each row is printed, and appended to `out` (JSON lines) as
+    it comes, so a run stopped early keeps what it measured."""
     rows: list[dict[str, Any]] = []
     async with make_client(16, 600) as client:
         for s in series:  # warm-up: pages, connections
@@ -156,6 +158,9 @@ async def measure(series: list[Series], reps: int) -> list[dict[str, Any]]:
                                **summary(turns, time.perf_counter() - t0)}  # fmt: skip
                         print(json.dumps(row), flush=True)
                         rows.append(row)
+                        if out is not None:
+                            with out.open("a") as f:
+                                f.write(json.dumps(row) + "\n")
                     k += 1
     return rows
 
@@ -190,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/voltgate-bench/prompt-cache-cpu"))
     p.add_argument("--out", type=Path, default=None, help="write the JSON (rows, health, table) here")
+    p.add_argument("--rows", type=Path, default=None, help="append each row here as it is measured (JSON lines)")
     args = p.parse_args(argv)
     model = args.model or launch.default_model_path()
     series = [start("cache on", model, args.log_dir, [], None),
@@ -197,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.before is not None:
             series.append(start("before, cache on", model, args.log_dir, [], args.before))
-        rows = asyncio.run(measure(series, args.reps))
+        rows = asyncio.run(measure(series, args.reps, args.rows))
         health = {s.label: httpx.get(f"{s.root_url}/health", timeout=10).json() for s in series}
     finally:
         for s in series:
