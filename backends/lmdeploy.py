@@ -25,7 +25,9 @@ from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, Engine
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
 # Fields of the engine request that LMDeploy's api_server does not take as they are.
-_DROP = {"stream_options", "continue_final_message", "ignore_eos_default"}
+_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "thinking_budget_tokens"}
+# LMDeploy has no thinking budget: TurboMind honours thinking on or off (`chat_template_kwargs`) only
+# (docs/reasoning.md).
 
 
 class LMDeployNotInstalled(Exception):

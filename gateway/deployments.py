@@ -12,6 +12,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
 from gateway.serving.admission import Admission
+from gateway.serving.reasoning import ReasoningDefault
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Deployment:
     sampling: dict[str, float | int] = field(default_factory=dict)  # the model's defaults (config `sampling`)
     load: Literal["always", "on_demand"] = "always"
     idle_unload_s: float | None = None
+    reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
 
     @property
     def policy(self) -> Policy:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
@@ -24,11 +24,17 @@ class CompletionUsage(_Out):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: dict[str, Any] | None = None  # relayed to chat clients as the engine sent it
+    completion_tokens_details: dict[str, Any] | None = None  # likewise; `reasoning_tokens` counts the thinking
 
     @property
     def cached_tokens(self) -> int:
         """The prompt tokens served from the engine's prefix cache (0 when it does not say)."""
         return int((self.prompt_tokens_details or {}).get("cached_tokens") or 0)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The completion tokens the model spent thinking (0 when the engine does not say)."""
+        return int((self.completion_tokens_details or {}).get("reasoning_tokens") or 0)
 
 
 def _stop_match(value: object) -> object:
@@ -65,9 +71,16 @@ class ToolCall(_Out):
     function: FunctionCall
 
 
+REASONING = AliasChoices("reasoning_content", "reasoning")
+"""An answer's thinking: llama.cpp's, LMDeploy's and SGLang's name, or vLLM's and Ollama's since 2026."""
+
+ReasoningField = Literal["reasoning_content", "reasoning"]
+
+
 class ChatCompletionMessage(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, validation_alias=REASONING)
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
 
@@ -93,12 +106,17 @@ class ChatCompletion(_Out):
         "stop" when the engine sent none."""
         return self.choices[0] if self.choices else ChatChoice(message=ChatCompletionMessage())
 
-    def wire(self) -> dict[str, Any]:
-        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent."""
+    def wire(self, reasoning_field: ReasoningField = "reasoning_content") -> dict[str, Any]:
+        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent;
+        the thinking, when there is any, under `reasoning_field`."""
         body = self.model_dump(mode="json")
         for choice in body["choices"]:
-            if choice["message"].get("tool_calls") is None:
-                choice["message"].pop("tool_calls", None)
+            message = choice["message"]
+            if message.get("tool_calls") is None:
+                message.pop("tool_calls", None)
+            thinking = message.pop("reasoning_content", None)
+            if thinking is not None:
+                message[reasoning_field] = thinking
         return body
 
 
@@ -122,6 +140,7 @@ class ToolCallDelta(_Out):
 class ChunkDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, validation_alias=REASONING)
     refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
@@ -167,6 +186,9 @@ class Model(_Out):
     engine: str | None = Field(default=None, description="voltgate extension: the engine serving it")
     task: Literal["generate", "embed", "rerank"] | None = Field(
         default=None, description="voltgate extension: what it serves (generate: chat and completions)"
+    )
+    reasoning: dict[str, Any] | None = Field(
+        default=None, description="voltgate extension: the model's reasoning default (effort, budget_tokens, field)"
     )
 
 

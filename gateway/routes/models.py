@@ -51,11 +51,14 @@ def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
 
 
 def _model(deployment: Deployment) -> Model:
-    """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task."""
+    """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task and,
+    for a generating model, its reasoning default (effort and budget: null is the chat template's own)."""
+    reasoning = deployment.reasoning.model_dump(mode="json")
     return Model(
         id=deployment.name,
         created=deployment.created,
         engine=deployment.plan.engine.value,
         capabilities=deployment.capabilities.public(),
         task=deployment.plan.task,
+        reasoning=reasoning if deployment.plan.task == "generate" else None,
     )
