@@ -32,7 +32,9 @@ from gateway.protocol.anthropic import (
     ImageBlock,
     InputMessage,
     MessagesRequest,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -52,10 +54,14 @@ from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses import ChatChoice, ChatCompletion, CompletionUsage
 from gateway.protocol.tagged import Refused
 from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.reasoning import Effort
 from gateway.translate.params import MESSAGES, located, translated
 
 # -- request ----------------------------------------------------------------------------------------------
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | Refused
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | Refused
+SIGNATURE = "voltgate-unsigned"
+"""The placeholder `signature` of our thinking blocks: SDKs and Claude Code keep one and send it back; no
+engine here signs its thinking, and a thinking block's signature is not checked when it comes back."""
 ToolMode = Literal["auto", "none", "required"]
 
 
@@ -95,7 +101,10 @@ def _assistant(blocks: list[Block]) -> AssistantMessage:
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]
-    return AssistantMessage(role="assistant", content=text or None, tool_calls=calls or None)
+    thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))  # redacted: left out
+    return AssistantMessage(
+        role="assistant", content=text or None, tool_calls=calls or None, reasoning_content=thinking or None
+    )
 
 
 def _messages(req: CountTokensRequest) -> list[Message]:
@@ -177,6 +186,19 @@ def _tools(req: CountTokensRequest) -> list[Tool] | None:
 
 
 _MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}
+_EFFORTS: dict[str, Effort] = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+
+
+def _reasoning(req: MessagesRequest) -> tuple[Effort | None, int | None]:
+    """(reasoning_effort, thinking_budget_tokens) for the chat request: `disabled` is effort "none";
+    `enabled` gives its budget; `output_config.effort` the effort (max is the highest, xhigh); neither (no
+    `thinking`, or `adaptive`) leaves the model's default."""
+    thinking = req.thinking
+    if thinking is not None and thinking.type == "disabled":
+        return "none", None
+    effort = req.output_config.effort if req.output_config is not None else None
+    budget = thinking.budget_tokens if thinking is not None and thinking.type == "enabled" else None
+    return (_EFFORTS[effort] if effort is not None else None), budget
 
 
 def _tool_choice(choice: AnthropicToolChoice | None) -> ToolChoice | None:
@@ -223,6 +245,7 @@ def _chat(req: MessagesRequest | CountTokensRequest, messages: list[Message]) ->
             parallel_tool_calls=parallel, max_tokens=1,
         )  # fmt: skip
     fmt = req.output_config.format if req.output_config is not None else None
+    effort, budget = _reasoning(req)
     return MessagesChatRequest(
         model=req.model,
         messages=messages,
@@ -242,6 +265,8 @@ def _chat(req: MessagesRequest | CountTokensRequest, messages: list[Message]) ->
         ),
         stream=req.streaming,
         stream_options=StreamOptions(include_usage=True) if req.streaming else None,
+        reasoning_effort=effort,
+        thinking_budget_tokens=budget,
     )
 
 
@@ -315,10 +340,12 @@ def prompt_tokens(chat_usage: CompletionUsage | None) -> int:
 
 
 def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
-    """The Message's content blocks for a chat choice (its text, its refusal, one tool_use block per tool
-    call) and how many tool_use blocks there are."""
+    """The Message's content blocks for a chat choice (its thinking, its text, its refusal, one tool_use block
+    per tool call) and how many tool_use blocks there are."""
     message = choice.message
     content: list[dict[str, Any]] = []
+    if message.reasoning_content:
+        content.append({"type": "thinking", "thinking": message.reasoning_content, "signature": SIGNATURE})
     if message.content:
         content.append({"type": "text", "text": message.content})
     if message.refusal:

@@ -2,6 +2,8 @@
 
     ping…  (while it waits: queued, loading, or until its prompt has a slot)
     message_start → ping
+    per thinking run: content_block_start(thinking) → content_block_delta(thinking_delta)… →
+                   content_block_delta(signature_delta) → content_block_stop
     per text run:  content_block_start(text) → content_block_delta(text_delta)… → content_block_stop
     per tool call: content_block_start(tool_use) → content_block_delta(input_json_delta)… → content_block_stop
     message_delta (stop_reason, stop_sequence, usage) → message_stop        — or, on failure, error
@@ -12,7 +14,9 @@ gives its `input_tokens` and `cache_read_input_tokens`, as Anthropic's message_s
 reads them there). A first chunk without usage (LMDeploy, a remote endpoint) leaves them 0 until
 message_delta, which always carries the final `input_tokens`, `cache_read_input_tokens` (the prompt's
 prefix-cache hit) and `output_tokens`. Anthropic's SDKs skip `ping` wherever it comes.
-Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids.
+Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids. A
+chunk's `reasoning_content` (the engine's thinking) is a thinking block, closed with the placeholder
+signature (`SIGNATURE`) that Anthropic's SDKs and Claude Code expect of one.
 """
 
 from __future__ import annotations
@@ -24,11 +28,17 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.translate.ids import new_id
-from gateway.translate.messages import anthropic_error, stop_reason, tool_input, usage
+from gateway.translate.messages import SIGNATURE, anthropic_error, stop_reason, tool_input, usage
 
 
 @dataclass
 class _Text:
+    index: int
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Thinking:
     index: int
     text: list[str] = field(default_factory=list)
 
@@ -57,8 +67,8 @@ class MessagesStream:
         self._message_id = message_id
         self._started = False
         self._ended = False
-        self._blocks: list[_Text | _ToolUse] = []
-        self._current: _Text | _ToolUse | None = None
+        self._blocks: list[_Text | _Thinking | _ToolUse] = []
+        self._current: _Text | _Thinking | _ToolUse | None = None
         self._calls: dict[int, _ToolUse] = {}
         self._finish_reason: str | None = None
         self._matched: str | int | None = None
@@ -82,6 +92,8 @@ class MessagesStream:
         events = self._begin()
         for choice in chunk.choices:
             delta = choice.delta
+            if delta.reasoning_content:
+                events += self._on_thinking(delta.reasoning_content)
             if delta.content:
                 events += self._on_text(delta.content)
             for call in delta.tool_calls or ():
@@ -127,6 +139,8 @@ class MessagesStream:
         for block in self._blocks:
             if isinstance(block, _Text):
                 content.append({"type": "text", "text": "".join(block.text)})
+            elif isinstance(block, _Thinking):
+                content.append({"type": "thinking", "thinking": "".join(block.text), "signature": SIGNATURE})
             else:
                 arguments = "".join(block.arguments)
                 content.append(
@@ -189,6 +203,20 @@ class MessagesStream:
         )
         return events
 
+    def _on_thinking(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        current = self._current
+        if not isinstance(current, _Thinking):
+            events += self._close_current()
+            current = _Thinking(index=len(self._blocks))
+            self._open(current)
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            events.append({"type": "content_block_start", "index": current.index, "content_block": block})
+        current.text.append(text)
+        delta = {"type": "thinking_delta", "thinking": text}
+        events.append({"type": "content_block_delta", "index": current.index, "delta": delta})
+        return events
+
     def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
         index = delta.index
         name = delta.function.name if delta.function is not None else None
@@ -215,10 +243,17 @@ class MessagesStream:
             events.append({"type": "content_block_delta", "index": call.index, "delta": delta_event})
         return events
 
-    def _open(self, block: _Text | _ToolUse) -> None:
+    def _open(self, block: _Text | _Thinking | _ToolUse) -> None:
         self._blocks.append(block)
         self._current = block
 
     def _close_current(self) -> list[dict[str, Any]]:
+        """content_block_stop for the open block; a thinking block's signature_delta first."""
         current, self._current = self._current, None
-        return [] if current is None else [{"type": "content_block_stop", "index": current.index}]
+        if current is None:
+            return []
+        events: list[dict[str, Any]] = []
+        if isinstance(current, _Thinking):
+            delta = {"type": "signature_delta", "signature": SIGNATURE}
+            events.append({"type": "content_block_delta", "index": current.index, "delta": delta})
+        return [*events, {"type": "content_block_stop", "index": current.index}]
