@@ -1,6 +1,9 @@
 """Streamed chat chunks → the Responses API's event sequence, with a monotonically increasing sequence_number.
 
     response.created → response.in_progress
+    per thinking run: output_item.added(reasoning) → reasoning_summary_part.added →
+                    reasoning_summary_text.delta… → reasoning_summary_text.done → reasoning_summary_part.done →
+                    output_item.done
     per text run:   output_item.added(message) → content_part.added → output_text.delta… →
                     output_text.done → content_part.done → output_item.done
     per tool call:  output_item.added(function_call) → function_call_arguments.delta… →
@@ -8,7 +11,9 @@
     response.completed | response.incomplete (max_output_tokens) — or, on failure, error → response.failed
 
 Argument fragments are forwarded verbatim and concatenated for the `done` events, so a client's
-accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`.
+accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`. The
+engine's thinking (`reasoning_content` deltas) is a reasoning item's summary, streamed with the summary
+events Codex renders as its reasoning summary.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from gateway.translate.responses import (
     function_call_item,
     incomplete_reason,
     message_item,
+    reasoning_item,
     response_error,
     response_object,
     usage,
@@ -33,6 +39,13 @@ from gateway.translate.responses import (
 
 @dataclass
 class _Text:
+    output_index: int
+    item_id: str
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Reasoning:
     output_index: int
     item_id: str
     text: list[str] = field(default_factory=list)
@@ -71,7 +84,7 @@ class ResponsesStream:
         self._started = False
         self._final: dict[str, Any] | None = None
         self._output: list[dict[str, Any]] = []
-        self._current: _Text | _Call | None = None
+        self._current: _Text | _Reasoning | _Call | None = None
         self._calls: dict[int, _Call] = {}
         self._finish_reason: str | None = None
         self._usage: CompletionUsage | None = None
@@ -98,6 +111,8 @@ class ResponsesStream:
             self._usage = chunk.usage
         for choice in chunk.choices:
             delta = choice.delta
+            if delta.reasoning_content:
+                events += self._on_reasoning(delta.reasoning_content)
             if delta.content:
                 events += self._on_text(delta.content)
             for call in delta.tool_calls or ():
@@ -113,7 +128,8 @@ class ResponsesStream:
         events = self.start()
         reason = incomplete_reason(self._finish_reason)
         status = "incomplete" if reason else "completed"
-        if not self._output:  # an empty generation is still one (empty) message, as non-streamed
+        if all(item["type"] == "reasoning" for item in self._output):  # an empty answer is still one (empty)
+            events += self._close_current(status)  # message, as non-streamed; after the thinking, if any
             events += self._open_text()
         events += self._close_current(status)
         self._final = response_object(
@@ -206,6 +222,28 @@ class ResponsesStream:
         )
         return events
 
+    def _on_reasoning(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        current = self._current
+        if not isinstance(current, _Reasoning):
+            events += self._close_current("completed")
+            current = _Reasoning(output_index=len(self._output), item_id=new_id("rs"))
+            self._current = current
+            item = self._item(current)
+            self._output.append(item)
+            events += [
+                self._event("response.output_item.added", output_index=current.output_index, item=item),
+                self._event("response.reasoning_summary_part.added", **self._summary(current),
+                            part={"type": "summary_text", "text": ""}),
+            ]  # fmt: skip
+        current.text.append(text)
+        events.append(self._event("response.reasoning_summary_text.delta", **self._summary(current), delta=text))
+        return events
+
+    @staticmethod
+    def _summary(state: _Reasoning) -> dict[str, Any]:
+        return {"item_id": state.item_id, "output_index": state.output_index, "summary_index": 0}
+
     def _open_text(self) -> list[dict[str, Any]]:
         current = _Text(output_index=len(self._output), item_id=new_id("msg"))
         self._current = current
@@ -255,9 +293,11 @@ class ResponsesStream:
         self._output.append(self._item(call))
         return call
 
-    def _item(self, state: _Text | _Call, status: str = "in_progress") -> dict[str, Any]:
+    def _item(self, state: _Text | _Reasoning | _Call, status: str = "in_progress") -> dict[str, Any]:
         if isinstance(state, _Text):
             return message_item(state.item_id, "".join(state.text), status=status)
+        if isinstance(state, _Reasoning):
+            return reasoning_item(state.item_id, "".join(state.text), status=status)
         arguments = "".join(state.arguments)
         return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status, req=self._req)
 
@@ -268,7 +308,13 @@ class ResponsesStream:
         item = self._item(current, status)
         self._output[current.output_index] = item
         where = {"item_id": current.item_id, "output_index": current.output_index}
-        if isinstance(current, _Text):
+        if isinstance(current, _Reasoning):
+            part = {"type": "summary_text", "text": "".join(current.text)}
+            events = [
+                self._event("response.reasoning_summary_text.done", **self._summary(current), text=part["text"]),
+                self._event("response.reasoning_summary_part.done", **self._summary(current), part=part),
+            ]
+        elif isinstance(current, _Text):
             part = item["content"][0]
             events = [
                 self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
