@@ -81,6 +81,8 @@ class LMDeployAdapter:
         ]  # fmt: skip
         if plan.tool_parser is not None:
             argv += ["--tool-call-parser", plan.tool_parser]
+        if plan.reasoning_parser is not None:
+            argv += ["--reasoning-parser", plan.reasoning_parser]
         if opts.max_prefill_token_num is not None:
             argv += ["--max-prefill-token-num", str(opts.max_prefill_token_num)]
         argv += list(opts.extra_args)

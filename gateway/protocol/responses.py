@@ -107,8 +107,8 @@ class ChatCompletion(_Out):
         return self.choices[0] if self.choices else ChatChoice(message=ChatCompletionMessage())
 
     def wire(self, reasoning_field: ReasoningField = "reasoning_content") -> dict[str, Any]:
-        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent;
-        the thinking, when there is any, under `reasoning_field`."""
+        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` and the
+        usage details the engine did not send absent; the thinking, when there is any, under `reasoning_field`."""
         body = self.model_dump(mode="json")
         for choice in body["choices"]:
             message = choice["message"]
@@ -117,6 +117,10 @@ class ChatCompletion(_Out):
             thinking = message.pop("reasoning_content", None)
             if thinking is not None:
                 message[reasoning_field] = thinking
+        usage = body.get("usage") or {}
+        for details in ("prompt_tokens_details", "completion_tokens_details"):  # an object, or absent
+            if details in usage and usage[details] is None:
+                del usage[details]
         return body
 
 
