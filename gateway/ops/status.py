@@ -60,6 +60,8 @@ class ModelStatus(_Out):
     measured_tok_s: float | None  # p50 per stream over the live window
     predicted_ttft_s: float | None
     measured_ttft_s: float | None
+    thinking_tokens: int | None  # most tokens the model's reasoning default thinks first (None: unbounded)
+    predicted_answer_s: float | None  # time to the first answer token: the TTFT plus that thinking
 
 
 class RefusedModel(_Out):
@@ -163,6 +165,7 @@ def _model(
     plan = deployment.plan
     prediction = metrics.live.predictions.get(deployment.name)
     decode, ttft = metrics.live.medians().get(deployment.name, (None, None))
+    thinking = deployment.reasoning.thinking_tokens()
     memory = [
         PoolMemory(pool=pool, estimated_bytes=m.get("estimated_bytes"), measured_bytes=m.get("measured_bytes"))
         for pool, m in sorted((described.get("memory") or {}).items())
@@ -188,6 +191,8 @@ def _model(
         measured_tok_s=None if decode is None else round(decode, 1),
         predicted_ttft_s=round(prediction.ttft_s, 4) if prediction else None,
         measured_ttft_s=None if ttft is None else round(ttft, 4),
+        thinking_tokens=thinking,
+        predicted_answer_s=round(prediction.answer_after_s(thinking), 4) if prediction and thinking else None,
     )
 
 

@@ -58,6 +58,12 @@ class ReasoningDefault(BaseModel):
         description="the chat answer's thinking field: llama.cpp's and LMDeploy's name, or vLLM's and Ollama's",
     )
 
+    def thinking_tokens(self) -> int | None:
+        """The most tokens a request served with this default thinks before its answer: its budget, else its
+        effort's (`EFFORT_BUDGETS`), 0 when it does not think; None when nothing bounds it (no default, or an
+        effort with no budget: the model thinks as long as it wants)."""
+        return resolve(ReasoningAsk(), self).budget_tokens
+
 
 @dataclass(frozen=True)
 class ReasoningAsk:

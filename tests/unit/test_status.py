@@ -9,6 +9,8 @@ from gateway.errors import GatewayError
 from gateway.ops.auth import Principal
 from gateway.ops.status import status_report
 from gateway.placement.inventory import inventory_from_spec
+from gateway.serving.reasoning import ReasoningDefault
+from tests.unit.test_live_speed import PREDICTION
 from tests.unit.test_residency import MB, Harness
 
 
@@ -75,3 +77,17 @@ async def test_on_a_cluster_every_host_has_its_bars_and_each_model_names_its_hos
     assert report.pools[0].label.endswith("· host x") and report.pools[2].label == "host memory · host y"
     assert report.pools[2].total_bytes == 4096 * MB and report.pools[2].reserved_bytes == 3072 * MB
     assert report.models[0].cluster_host == "y" and report.models[0].host == "local"
+
+
+async def test_a_reasoning_models_first_answer_token_is_predicted_after_its_thinking() -> None:
+    """One stream at 100 tok/s, TTFT 0.522 s (tests/unit/test_live_speed.py): 300 thinking tokens first are 3 s
+    more. A default that does not bound the thinking predicts no answer time."""
+    h = Harness({"r": ("on_demand", 100 * MB), "plain": ("on_demand", 100 * MB)}, budget=None)
+    h.registry.resolve("r").reasoning = ReasoningDefault(effort="medium", budget_tokens=300)
+    h.metrics.set_predictions({"r": PREDICTION, "plain": PREDICTION})
+    report = status_report(h.registry, h.residency, h.metrics, {}, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    models = {m.name: m for m in report.models}
+    assert (models["r"].thinking_tokens, models["r"].predicted_answer_s) == (300, 3.522)
+    assert (models["plain"].thinking_tokens, models["plain"].predicted_answer_s) == (None, None)
+    assert models["r"].predicted_ttft_s == models["plain"].predicted_ttft_s == 0.522
