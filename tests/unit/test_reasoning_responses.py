@@ -6,6 +6,7 @@ turn its thinking; `reasoning.effort` reaches the engine and is echoed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ from openai.types.responses import Response, ResponseReasoningItem
 
 from gateway.errors import GatewayError
 from gateway.ops.store import ResponseStore
+from gateway.protocol.responses_api import ResponsesRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.reasoning import ReasoningDefault
+from gateway.translate import parse_body
 from gateway.translate.responses import to_chat
 from tests.unit.test_translate_responses import completion, request, respond, translate
 from tests.unit.test_translate_responses_stream import check as check_events
@@ -151,3 +154,19 @@ def test_the_stream_request_round_trips_its_summary_setting() -> None:
     events, _ = run(STREAM, req)
     assert events[0]["response"]["reasoning"] == {"effort": None, "summary": "auto"}
     assert json.loads(json.dumps(events[-1]["response"]))["reasoning"]["summary"] == "auto"
+
+
+def test_codexs_recorded_turn_gets_the_reasoning_item_it_renders_and_sends_back() -> None:
+    """Codex's recorded request (reasoning summary "auto", encrypted content included) answered with thinking:
+    the reasoning item comes first and, replayed in Codex's next `input` as Codex sends it, is accepted."""
+    fixtures = Path(__file__).parent.parent / "fixtures" / "clients"
+    body = json.loads((fixtures / "codex_first_turn.json").read_text())["exchanges"][0]["body"]
+    assert body["reasoning"] == {"summary": "auto"} and "reasoning.encrypted_content" in body["include"]
+    req = parse_body(json.dumps(body).encode(), ResponsesRequest)
+    response = respond(thinking_completion("Look at the repo first.", "Done."), req)
+    assert response["reasoning"] == {"effort": None, "summary": "auto"}
+    item = response["output"][0]
+    assert item["type"] == "reasoning" and item["summary"][0]["text"] == "Look at the repo first."
+    follow_up = {**body, "input": [*body["input"], item, response["output"][1], {"role": "user", "content": "ok"}]}
+    messages = translate(parse_body(json.dumps(follow_up).encode(), ResponsesRequest), [])["messages"]
+    assert messages[-2]["role"] == "assistant" and messages[-2]["reasoning_content"] == "Look at the repo first."
