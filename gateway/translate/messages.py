@@ -39,6 +39,15 @@ from gateway.protocol.anthropic import (
     ToolUseBlock,
 )
 from gateway.protocol.anthropic import ToolChoice as AnthropicToolChoice
+from gateway.protocol.anthropic_events import (
+    MessageBody,
+    OutputBlock,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolUseContent,
+    Usage,
+)
 from gateway.protocol.chat_messages import (
     AssistantMessage,
     ContentPart,
@@ -297,7 +306,7 @@ def tool_input(name: str, arguments: str) -> dict[str, Any]:
 
 def stop_reason(
     finish_reason: str | None, *, tool_calls: bool, matched: str | int | None, stop_sequences: list[str] | None
-) -> tuple[str, str | None]:
+) -> tuple[StopReason, str | None]:
     """Anthropic's (stop_reason, stop_sequence) for a chat finish.
 
     The chat path reports a matched stop string and a natural end alike as "stop", and engines strip the
@@ -339,17 +348,17 @@ def prompt_tokens(chat_usage: CompletionUsage | None) -> int:
     return chat_usage.prompt_tokens if chat_usage is not None else 0
 
 
-def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
+def _content(choice: ChatChoice) -> tuple[list[OutputBlock], int]:
     """The Message's content blocks for a chat choice (its thinking, its text, its refusal, one tool_use block
     per tool call) and how many tool_use blocks there are."""
     message = choice.message
-    content: list[dict[str, Any]] = []
+    content: list[OutputBlock] = []
     if message.reasoning_content:
-        content.append({"type": "thinking", "thinking": message.reasoning_content, "signature": SIGNATURE})
+        content.append(ThinkingContent(thinking=message.reasoning_content, signature=SIGNATURE))
     if message.content:
-        content.append({"type": "text", "text": message.content})
+        content.append(TextContent(text=message.content))
     if message.refusal:
-        content.append({"type": "text", "text": message.refusal})
+        content.append(TextContent(text=message.refusal))
     cut = choice.finish_reason == "length"
     used = 0
     for call in message.tool_calls or ():
@@ -357,9 +366,9 @@ def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
         if cut and not _is_object(arguments):
             # max_tokens cut the call's arguments short (TurboMind sends what it had): Anthropic's answer is
             # stop_reason max_tokens, so the text the model wrote is kept as text, never a 502.
-            content.append({"type": "text", "text": arguments})
+            content.append(TextContent(text=arguments))
             continue
-        content.append({"type": "tool_use", "id": call.id, "name": name, "input": tool_input(name, arguments)})
+        content.append(ToolUseContent(id=call.id, name=name, input=tool_input(name, arguments)))
         used += 1
     return content, used
 
@@ -375,16 +384,11 @@ def to_message(chat: ChatCompletion, req: MessagesRequest, *, message_id: str) -
     )
     if choice.message.refusal and reason == "end_turn":
         reason = "refusal"
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": req.model,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage(chat.usage),
-    }
+    message = MessageBody(
+        id=message_id, model=req.model, content=content, stop_reason=reason, stop_sequence=sequence,
+        usage=Usage(**usage(chat.usage)),
+    )  # fmt: skip
+    return message.wire()
 
 
 # -- errors -----------------------------------------------------------------------------------------------
