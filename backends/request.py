@@ -46,8 +46,6 @@ TopLogprobs = Annotated[int, Field(ge=0, le=20)]
 LogitBias = Annotated[float, Field(ge=-100, le=100)]
 Choices = Annotated[int, Field(ge=1, le=16)]
 StopString = Annotated[str, Field(min_length=1)]
-ThinkingBudget = Annotated[int, Field(ge=0)]
-"""Thinking tokens a reasoning model may write before the worker closes its thinking (0: no thinking)."""
 
 STOP_LIMIT = 16
 """Stop strings per request. OpenAI allows 4; chat frontends send more, and both engines handle 16."""
@@ -146,8 +144,6 @@ class EngineMessage(_Frozen):
     """A chat message with its content flattened to text; `tool` messages carry their call's id.
 
     An image part leaves an `IMAGE_MARKER` in the text where it was (the image is in `EngineRequest.images`).
-    An assistant turn's thinking rides in `reasoning_content` (as llama.cpp's server and LMDeploy take it), for
-    the chat template to keep or drop as its family does.
     """
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -155,7 +151,8 @@ class EngineMessage(_Frozen):
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    reasoning_content: str | None = Field(default=None, description="an assistant turn's thinking")
+    reasoning: str | None = Field(default=None, description="the same, under vLLM's 2026 name")
 
 
 class JsonSchemaFormat(_Frozen):
@@ -221,12 +218,13 @@ class EngineRequest(_Frozen):
     images: tuple[EngineImage, ...] = Field(
         default=(), description="the messages' images, in the order of their IMAGE_MARKERs in the text"
     )
-    # Reasoning controls (docs/reasoning.md): the template's switches, and the worker's thinking budget.
     chat_template_kwargs: dict[str, Any] | None = Field(
-        default=None, description="variables for the chat template (enable_thinking, reasoning_effort, ...)"
+        default=None, description="extra variables for the chat template's render, e.g. enable_thinking"
     )
-    thinking_budget_tokens: ThinkingBudget | None = Field(
-        default=None, description="the worker closes the thinking after this many tokens (0: none; null: no limit)"
+    thinking_budget_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="tokens the model may think before the worker closes the thinking; 0: none; null: no limit",
     )
 
     @model_validator(mode="after")

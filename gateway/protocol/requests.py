@@ -36,7 +36,6 @@ from backends.request import (
     ResponseFormat,
     StopString,
     Temperature,
-    ThinkingBudget,
     Tool,
     ToolChoice,
     TopK,
@@ -63,6 +62,8 @@ from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wi
 from gateway.protocol.parsing import parse_body, validation_error
 from gateway.serving.engine_requests import EngineTarget, check_kind, refuse
 from gateway.serving.reasoning import Effort, ReasoningAsk, resolve
+
+ThinkingBudget = Annotated[int, Field(ge=0)]  # thinking tokens before the worker closes the thinking (0: none)
 
 SPELLINGS = {"repeat_penalty": "repetition_penalty", "num_predict": "max_tokens", "n_predict": "max_tokens"}
 
