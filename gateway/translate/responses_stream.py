@@ -13,7 +13,8 @@
 Argument fragments are forwarded verbatim and concatenated for the `done` events, so a client's
 accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`. The
 engine's thinking (`reasoning_content` deltas) is a reasoning item's summary, streamed with the summary
-events Codex renders as its reasoning summary.
+events Codex renders as its reasoning summary. Every event is one of `gateway.protocol.responses_events`,
+validated as it is made (`_event`) and sent as its JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +26,22 @@ from typing import Any
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.protocol.responses_api import ResponsesRequest
+from gateway.protocol.responses_events import (
+    ArgumentsDelta,
+    ArgumentsDone,
+    ContentPartEvent,
+    ErrorEvent,
+    OutputItemEvent,
+    OutputTextDelta,
+    OutputTextDone,
+    OutputTextPart,
+    ResponseEvent,
+    StreamEvent,
+    SummaryPartEvent,
+    SummaryTextDelta,
+    SummaryTextDone,
+    SummaryTextPart,
+)
 from gateway.translate.ids import new_id
 from gateway.translate.responses import (
     function_call_item,
@@ -60,10 +77,6 @@ class _Call:
     arguments: list[str] = field(default_factory=list)
 
 
-def _empty_text_part() -> dict[str, Any]:
-    return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-
-
 class ResponsesStream:
     """Translate one streamed chat completion into Responses events; one instance per request.
 
@@ -97,8 +110,8 @@ class ResponsesStream:
             return []
         self._started = True
         return [
-            self._event("response.created", response=self._snapshot("in_progress")),
-            self._event("response.in_progress", response=self._snapshot("in_progress")),
+            self._event(ResponseEvent, type="response.created", response=self._snapshot("in_progress")),
+            self._event(ResponseEvent, type="response.in_progress", response=self._snapshot("in_progress")),
         ]
 
     def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
@@ -143,7 +156,7 @@ class ResponsesStream:
             usage=usage(self._usage),
             incomplete_reason=reason,
         )
-        events.append(self._event(f"response.{status}", response=self._final))
+        events.append(self._event(ResponseEvent, type=f"response.{status}", response=self._final))
         return events
 
     def broke(self, status: int, message: str, code: str) -> list[dict[str, Any]]:
@@ -161,7 +174,7 @@ class ResponsesStream:
             self._output[current.output_index] = self._item(current, "incomplete")
             self._current = None
         error = response_error(message, code)
-        events.append(self._event("error", code=error["code"], message=message, param=None))
+        events.append(self._event(ErrorEvent, code=error["code"], message=message, param=None))
         self._final = response_object(
             self._req,
             response_id=self._response_id,
@@ -172,7 +185,7 @@ class ResponsesStream:
             usage=usage(self._usage),
             error=error,
         )
-        events.append(self._event("response.failed", response=self._final))
+        events.append(self._event(ResponseEvent, type="response.failed", response=self._final))
         return events
 
     def keepalive(self) -> list[dict[str, Any]]:
@@ -180,17 +193,25 @@ class ResponsesStream:
         are no activity to Codex, which drops a stream after `stream_idle_timeout_ms` without an event."""
         if self._final is not None:
             return []
-        return [*self.start(), self._event("response.in_progress", response=self._snapshot("in_progress"))]
+        return [
+            *self.start(),
+            self._event(ResponseEvent, type="response.in_progress", response=self._snapshot("in_progress")),
+        ]
 
     def final_response(self) -> dict[str, Any]:
         """The Response as it ended (to store after streaming); while streaming, an in-progress snapshot."""
         return self._final if self._final is not None else self._snapshot("in_progress")
 
     # -- internals ------------------------------------------------------------------------------------
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, **fields, "sequence_number": self._sequence}
+    def _event(self, kind: type[StreamEvent], **fields: Any) -> dict[str, Any]:
+        """The next event of `kind` (validated: its fields are OpenAI's), numbered, as JSON."""
+        event = kind(sequence_number=self._sequence, **fields)
         self._sequence += 1
-        return event
+        return event.wire()
+
+    def _item_event(self, kind: str, output_index: int, item: dict[str, Any]) -> dict[str, Any]:
+        """response.output_item.added or .done (`kind`)."""
+        return self._event(OutputItemEvent, type=f"response.output_item.{kind}", output_index=output_index, item=item)
 
     def _snapshot(self, status: str) -> dict[str, Any]:
         return response_object(
@@ -212,7 +233,7 @@ class ResponsesStream:
         current.text.append(text)
         events.append(
             self._event(
-                "response.output_text.delta",
+                OutputTextDelta,
                 item_id=current.item_id,
                 output_index=current.output_index,
                 content_index=0,
@@ -232,12 +253,12 @@ class ResponsesStream:
             item = self._item(current)
             self._output.append(item)
             events += [
-                self._event("response.output_item.added", output_index=current.output_index, item=item),
-                self._event("response.reasoning_summary_part.added", **self._summary(current),
-                            part={"type": "summary_text", "text": ""}),
+                self._item_event("added", current.output_index, item),
+                self._event(SummaryPartEvent, type="response.reasoning_summary_part.added", **self._summary(current),
+                            part=SummaryTextPart()),
             ]  # fmt: skip
         current.text.append(text)
-        events.append(self._event("response.reasoning_summary_text.delta", **self._summary(current), delta=text))
+        events.append(self._event(SummaryTextDelta, **self._summary(current), delta=text))
         return events
 
     @staticmethod
@@ -251,8 +272,10 @@ class ResponsesStream:
         self._output.append(item)
         where = {"item_id": current.item_id, "output_index": current.output_index}
         return [
-            self._event("response.output_item.added", output_index=current.output_index, item=item),
-            self._event("response.content_part.added", **where, content_index=0, part=_empty_text_part()),
+            self._item_event("added", current.output_index, item),
+            self._event(
+                ContentPartEvent, type="response.content_part.added", **where, content_index=0, part=OutputTextPart()
+            ),
         ]
 
     def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
@@ -264,9 +287,7 @@ class ResponsesStream:
         if call is None or (delta.id and delta.id != call.call_id):
             events += self._close_current("completed")
             call = self._open_call(index, delta.id or new_id("call"), name or "")
-            events.append(
-                self._event("response.output_item.added", output_index=call.output_index, item=self._item(call))
-            )
+            events.append(self._item_event("added", call.output_index, self._item(call)))
         elif call is not self._current:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
@@ -278,7 +299,7 @@ class ResponsesStream:
             call.arguments.append(fragment)
             events.append(
                 self._event(
-                    "response.function_call_arguments.delta",
+                    ArgumentsDelta,
                     item_id=call.item_id,
                     output_index=call.output_index,
                     delta=fragment,
@@ -311,20 +332,18 @@ class ResponsesStream:
         if isinstance(current, _Reasoning):
             part = {"type": "summary_text", "text": "".join(current.text)}
             events = [
-                self._event("response.reasoning_summary_text.done", **self._summary(current), text=part["text"]),
-                self._event("response.reasoning_summary_part.done", **self._summary(current), part=part),
+                self._event(SummaryTextDone, **self._summary(current), text=part["text"]),
+                self._event(
+                    SummaryPartEvent, type="response.reasoning_summary_part.done", **self._summary(current), part=part
+                ),
             ]
         elif isinstance(current, _Text):
             part = item["content"][0]
             events = [
-                self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
-                self._event("response.content_part.done", **where, content_index=0, part=part),
+                self._event(OutputTextDone, **where, content_index=0, text=part["text"], logprobs=[]),
+                self._event(ContentPartEvent, type="response.content_part.done", **where, content_index=0, part=part),
             ]
         else:
-            events = [
-                self._event(
-                    "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
-                )
-            ]
-        events.append(self._event("response.output_item.done", output_index=current.output_index, item=item))
+            events = [self._event(ArgumentsDone, **where, name=item["name"], arguments=item["arguments"])]
+        events.append(self._item_event("done", current.output_index, item))
         return events
