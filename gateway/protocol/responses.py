@@ -23,8 +23,11 @@ class CompletionUsage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: dict[str, Any] | None = None  # relayed to chat clients as the engine sent it
-    completion_tokens_details: dict[str, Any] | None = None  # likewise; `reasoning_tokens` counts the thinking
+    # Relayed as the engine sent them, and left out when it sent none (OpenAI's schema: an object or absent).
+    prompt_tokens_details: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    completion_tokens_details: dict[str, Any] | None = Field(  # `reasoning_tokens` counts the thinking
+        default=None, exclude_if=lambda v: v is None
+    )
 
     @property
     def cached_tokens(self) -> int:
@@ -108,7 +111,8 @@ class ChatCompletion(_Out):
 
     def wire(self, reasoning_field: ReasoningField = "reasoning_content") -> dict[str, Any]:
         """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` and the
-        usage details the engine did not send absent; the thinking, when there is any, under `reasoning_field`."""
+        usage details the engine did not send absent (`CompletionUsage`); the thinking, when there is any, under
+        `reasoning_field`."""
         body = self.model_dump(mode="json")
         for choice in body["choices"]:
             message = choice["message"]
@@ -117,10 +121,6 @@ class ChatCompletion(_Out):
             thinking = message.pop("reasoning_content", None)
             if thinking is not None:
                 message[reasoning_field] = thinking
-        usage = body.get("usage") or {}
-        for details in ("prompt_tokens_details", "completion_tokens_details"):  # an object, or absent
-            if details in usage and usage[details] is None:
-                del usage[details]
         return body
 
 
