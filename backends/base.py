@@ -67,6 +67,9 @@ class LMDeployOptions(_Frozen):
         description="--enable-prefix-caching: reuse the KV blocks of a prompt prefix seen before (docs/engines.md, "
         "'Prefix caching'); false turns it off for this model",
     )
+    reasoning_parser: str | None = Field(
+        default=None, description="--reasoning-parser (default: from the model family; docs/reasoning.md)"
+    )
     extra_args: tuple[str, ...] = ()
 
 
@@ -97,6 +100,7 @@ class DeploymentPlan(_Frozen):
     remote_url: str | None = Field(default=None, description="root URL of an already-running OpenAI endpoint")
     remote_model: str | None = Field(default=None, description="the model's name at that endpoint")
     tool_parser: str | None = Field(default=None, description="LMDeploy --tool-call-parser for the architecture")
+    reasoning_parser: str | None = Field(default=None, description="LMDeploy --reasoning-parser for the family")
     kv_cache_type: Literal["f16", "q8_0"] = Field(
         default="f16", description="llama.cpp KV cache type; q8_0 halves it (needs flash attention)"
     )

@@ -25,8 +25,9 @@ from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, Engine
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
 # Fields of the engine request that LMDeploy's api_server does not take as they are (its own `session_id` is an
-# interactive-mode integer, not a routing key: voltgate's `session_key` is not sent).
-_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "session_key"}
+# interactive-mode integer, not a routing key: voltgate's `session_key` is not sent). LMDeploy has no thinking
+# budget: TurboMind honours thinking on or off (`chat_template_kwargs`) only (docs/reasoning.md).
+_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "session_key", "thinking_budget_tokens"}
 
 
 class LMDeployNotInstalled(Exception):
@@ -85,6 +86,8 @@ class LMDeployAdapter:
             argv.append("--enable-prefix-caching")
         if plan.tool_parser is not None:
             argv += ["--tool-call-parser", plan.tool_parser]
+        if plan.reasoning_parser is not None:
+            argv += ["--reasoning-parser", plan.reasoning_parser]
         if opts.max_prefill_token_num is not None:
             argv += ["--max-prefill-token-num", str(opts.max_prefill_token_num)]
         argv += list(opts.extra_args)

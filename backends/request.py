@@ -151,6 +151,8 @@ class EngineMessage(_Frozen):
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = Field(default=None, description="an assistant turn's thinking")
+    reasoning: str | None = Field(default=None, description="the same, under vLLM's 2026 name")
 
 
 class JsonSchemaFormat(_Frozen):
@@ -222,6 +224,14 @@ class EngineRequest(_Frozen):
         max_length=64,
         description="the client's session, hashed by the gateway (docs/agents.md, 'Session key'): requests with "
         "the same key continue one conversation, so a worker may keep its prefix where the next turn finds it",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="extra variables for the chat template's render, e.g. enable_thinking"
+    )
+    thinking_budget_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="tokens the model may think before the worker closes the thinking; 0: none; null: no limit",
     )
 
     @model_validator(mode="after")

@@ -246,6 +246,7 @@ def _deployment(
         spec.name, spec.aliases, plan, adapter, worker, admission, default_max_tokens=spec.default_max_tokens,
         sampling=spec.sampling.model_dump(exclude_none=True),
         load=spec.load, idle_unload_s=spec.idle_unload_s, alias_patterns=spec.alias_patterns,
+        reasoning=spec.reasoning,
     )  # fmt: skip
 
 

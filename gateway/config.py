@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from backends.base import LlamaCppOptions, LMDeployOptions
 from gateway.config_errors import format_validation_error
 from gateway.serving.images import ImageLimits
+from gateway.serving.reasoning import ReasoningDefault
 
 PACKAGE_PREFIX = "package:"
 
@@ -292,6 +293,7 @@ class ModelSpec(_Spec):
     )
     llamacpp: LlamaCppOptions = LlamaCppOptions()
     lmdeploy: LMDeployOptions = LMDeployOptions()
+    reasoning: ReasoningDefault = ReasoningDefault()  # a reasoning model's effort, budget, field name
     mmproj: str | Literal[False] | None = Field(
         default=None,
         description="llama.cpp: the multimodal projector GGUF (images in chat); null: one `*mmproj*.gguf` "

@@ -14,6 +14,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
 from gateway.serving.admission import Admission
+from gateway.serving.reasoning import ReasoningDefault
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Deployment:
     load: Literal["always", "on_demand"] = "always"
     idle_unload_s: float | None = None
     alias_patterns: tuple[str, ...] = ()  # config `alias_patterns`: globs of other names (`Registry.resolve`)
+    reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
 
     @property
     def policy(self) -> Policy:

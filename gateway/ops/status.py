@@ -63,6 +63,8 @@ class ModelStatus(_Out):
     prefix_hit_share: float | None  # of the prompt tokens since the start, served from the prefix cache (None:
     # no request yet whose engine reports it; LMDeploy never does, docs/api.md "Cached tokens")
     prefill_saved_s: float  # prefill seconds the cache saved since the start (docs/metrics.md, "Prefix cache")
+    thinking_tokens: int | None  # most tokens the model's reasoning default thinks first (None: unbounded)
+    predicted_answer_s: float | None  # time to the first answer token: the TTFT plus that thinking
 
 
 class RefusedModel(_Out):
@@ -167,6 +169,7 @@ def _model(
     prediction = metrics.live.predictions.get(deployment.name)
     decode, ttft = metrics.live.medians().get(deployment.name, (None, None))
     hit_share, saved_s = metrics.prefix_cache(deployment.name)
+    thinking = deployment.reasoning.thinking_tokens()
     memory = [
         PoolMemory(pool=pool, estimated_bytes=m.get("estimated_bytes"), measured_bytes=m.get("measured_bytes"))
         for pool, m in sorted((described.get("memory") or {}).items())
@@ -194,6 +197,8 @@ def _model(
         measured_ttft_s=None if ttft is None else round(ttft, 4),
         prefix_hit_share=None if hit_share is None else round(hit_share, 4),
         prefill_saved_s=round(saved_s, 3),
+        thinking_tokens=thinking,
+        predicted_answer_s=round(prediction.answer_after_s(thinking), 4) if prediction and thinking else None,
     )
 
 

@@ -260,6 +260,11 @@ class Prediction(BaseModel):
         """Decode tokens/s of each of `sessions` streams (a mean may be fractional) of `context` tokens each."""
         return 1 / step_seconds(self.inputs.workload, self.inputs.gpu, max(1.0, sessions), context)
 
+    def answer_after_s(self, thinking_tokens: int) -> float:
+        """Seconds to the first answer token of a reasoning model that thinks `thinking_tokens` first (one
+        stream): the time to the first token, then that many decoded at one stream's speed."""
+        return self.ttft_s + thinking_tokens / self.decode_tok_s_1
+
     def ttft_at(self, prompt_tokens: int, *, ahead: int = 0) -> float:
         """Seconds to the first token of a prompt of `prompt_tokens` with `ahead` prompts as long before it."""
         prefill = prefill_seconds(self.inputs.workload, self.inputs.gpu, prompt_tokens)

@@ -404,6 +404,26 @@ def _refusal(entry: _Entry, ledger: dict[int, int]) -> str:
     )
 
 
+def reasoning_notes(spec: ModelSpec, plan: DeploymentPlan, prediction: Prediction | None) -> list[str]:
+    """What the model's reasoning default (config `reasoning`) means for its speed: the thinking tokens before
+    the first answer token and when that token comes (one stream), or that nothing bounds them; that TurboMind
+    does not enforce a budget. None for a model with no default (docs/reasoning.md)."""
+    default = spec.reasoning
+    if default.effort is None and default.budget_tokens is None:
+        return []
+    thinking = default.thinking_tokens()
+    if thinking == 0:
+        return ["reasoning: thinking off by default; the first token is the answer's"]
+    if thinking is None:
+        return [f"reasoning: effort {default.effort} bounds no thinking; the first answer token waits for all of it"]
+    notes = [f"reasoning: up to {thinking} thinking tokens before the answer"]
+    if prediction is not None:
+        notes[0] += f": first answer token after {prediction.answer_after_s(thinking):.2f} s (1 stream)"
+    if plan.engine is EngineName.LMDEPLOY:
+        notes.append("reasoning: TurboMind has no thinking budget; the model thinks as long as it wants")
+    return notes
+
+
 def _decision(entry: _Entry) -> ModelDecision:
     rejected = [Rejection(m.rung, m.reason) for m in entry.misses]
     placed = entry.placed
@@ -426,7 +446,7 @@ def _decision(entry: _Entry) -> ModelDecision:
         estimate=placed.estimate,
         rejected=rejected,
         warnings=[*entry.warnings, *(w for w in placed.warnings if w not in entry.warnings)],
-        notes=[*entry.notes, *placed.notes],
+        notes=[*entry.notes, *placed.notes, *reasoning_notes(entry.spec, placed.plan, entry.prediction)],
         objective=entry.settings.objective,
         speed_metric=entry.settings.speed_metric,
         min_tok_s_per_stream=entry.settings.min_tok_s_per_stream,

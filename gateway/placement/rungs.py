@@ -22,7 +22,7 @@ from gateway.placement.estimate import (
 )
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
-from gateway.placement.tool_parsers import tool_parser_for
+from gateway.placement.tool_parsers import reasoning_parser_for, tool_parser_for
 from gateway.placement.vision import TURBOMIND_VISION, vision_activation_bytes
 
 TM_FP16 = "turbomind-fp16"
@@ -295,6 +295,7 @@ def _tm_placed(
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
         tool_parser=spec.lmdeploy.tool_parser or tool_parser_for(source),
+        reasoning_parser=spec.lmdeploy.reasoning_parser or reasoning_parser_for(source),
         vision_encoder=vision_encoder(source),
     )
     notes = [

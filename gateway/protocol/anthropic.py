@@ -1,12 +1,12 @@
 """Request bodies for /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API).
 
 Validated before translation to the gateway's chat request. Hints with no meaning here (`cache_control`
-on blocks, `service_tier`, `speed`, `output_config.effort`) are ignored. `thinking` is accepted when it
-leaves thinking to the model (`disabled`, `adaptive`: a model that never thinks satisfies both) and
-refused when it demands a thinking budget (`enabled`, ...), since no engine here produces thinking
-blocks. `image` blocks in user turns become chat image parts (docs/vision.md). Documents, server tools
-(web search, code execution, ...), MCP servers and containers are recognised and named by `unsupported()`,
-which the route turns into a 400.
+on blocks, `service_tier`, `speed`) are ignored. `thinking` (`enabled` with its `budget_tokens`, `disabled`,
+`adaptive`) and `output_config.effort` control a reasoning model's thinking (docs/reasoning.md); `thinking`
+blocks in assistant turns are an earlier turn's thinking, `redacted_thinking` blocks (Anthropic's encrypted
+thinking, which no model here can read) are accepted and left out. `image` blocks in user turns become
+chat image parts (docs/vision.md). Documents, server tools (web search, code execution, ...), MCP servers
+and containers are recognised and named by `unsupported()`, which the route turns into a 400.
 """
 
 from __future__ import annotations
@@ -61,6 +61,21 @@ class ToolReferenceBlock(Body):
     tool_name: str = Field(min_length=1)
 
 
+class ThinkingBlock(Body):
+    """An earlier assistant turn's thinking; its `signature` (ours is a placeholder) is not checked."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Body):
+    """Thinking Anthropic encrypted: opaque to any model here, so it is left out of the prompt."""
+
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
 ResultContent = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolReferenceBlock, Tag("tool_reference")]
@@ -98,8 +113,10 @@ ContentBlock = Annotated[
     | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")]
     | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
     | Annotated[Refused, Tag("other")],
-    type_tag(frozenset({"text", "tool_use", "tool_result", "image"})),
+    type_tag(frozenset({"text", "tool_use", "tool_result", "image", "thinking", "redacted_thinking"})),
 ]
 
 
@@ -140,9 +157,16 @@ class ToolChoice(Body):
     disable_parallel_tool_use: bool | None = None
 
 
+MIN_THINKING_BUDGET = 1024
+"""Anthropic's smallest `thinking.budget_tokens`."""
+
+
 class Thinking(Body):
-    model_config = ConfigDict(extra="allow", frozen=True)
-    type: str
+    """`enabled` with a `budget_tokens` (at least 1,024 and under `max_tokens`, as Anthropic checks),
+    `disabled`, or `adaptive` (the model decides; its effort from `output_config.effort`)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=MIN_THINKING_BUDGET)
 
 
 class JsonOutputFormat(Body):
@@ -153,7 +177,7 @@ class JsonOutputFormat(Body):
 
 class OutputConfig(Body):
     format: JsonOutputFormat | None = None
-    effort: str | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class Metadata(Body):
@@ -201,8 +225,8 @@ class CountTokensRequest(Body):
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, reason) for each requested feature no engine here can honour."""
         problems: list[tuple[str, str]] = []
-        if self.thinking is not None and self.thinking.type not in ("disabled", "adaptive"):
-            problems.append(("thinking", f"thinking {self.thinking.type!r} is not supported by this model's engine"))
+        if self.thinking is not None and self.thinking.type == "enabled" and self.thinking.budget_tokens is None:
+            problems.append(("thinking.budget_tokens", "thinking.budget_tokens: Field required"))
         if self.mcp_servers:
             problems.append(("mcp_servers", "MCP servers are not supported"))
         for i, tool in enumerate(self.tools or ()):
@@ -237,8 +261,8 @@ def _block_problems(where: str, block: Any, role: str) -> list[tuple[str, str]]:
     if isinstance(block, ImageBlock) and isinstance(block.source, Refused):
         return [(f"{where}.source.type", f"image sources of type {block.source.type!r} are not supported: "
                  "send base64 or url")]  # fmt: skip
-    if isinstance(block, ToolUseBlock) and role != "assistant":
-        return [(f"{where}.type", "tool_use blocks belong to assistant messages")]
+    if isinstance(block, ToolUseBlock | ThinkingBlock | RedactedThinkingBlock) and role != "assistant":
+        return [(f"{where}.type", f"{block.type} blocks belong to assistant messages")]
     if isinstance(block, ToolResultBlock):
         if role != "user":
             return [(f"{where}.type", "tool_result blocks belong to user messages")]
@@ -270,4 +294,7 @@ class MessagesRequest(CountTokensRequest):
         problems = super().unsupported()
         if self.container is not None:
             problems.append(("container", "containers are not supported"))
+        budget = self.thinking.budget_tokens if self.thinking is not None else None
+        if budget is not None and budget >= self.max_tokens:
+            problems.append(("max_tokens", "`max_tokens` must be greater than `thinking.budget_tokens`"))
         return problems

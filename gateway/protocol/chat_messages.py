@@ -105,11 +105,18 @@ class AssistantMessage(_Message):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     function_call: dict[str, Any] | None = None
+    reasoning_content: str | None = None  # an earlier turn's thinking (llama.cpp's, LMDeploy's, SGLang's name)
+    reasoning: str | None = None  # the same, as vLLM and Ollama name it since 2026
 
     def to_engine(self) -> EngineMessage:
+        """The engine's message; the thinking under either name rides as `reasoning_content`, for the chat
+        template to keep or drop (Qwen3 drops it from earlier turns, gpt-oss keeps it across tool calls)."""
         calls = tuple(self.tool_calls) if self.tool_calls else None
         content = self.text() if self.content is not None else None
-        return EngineMessage(role="assistant", content=content, name=self.name, tool_calls=calls)
+        thinking = self.reasoning_content or self.reasoning or None
+        return EngineMessage(
+            role="assistant", content=content, name=self.name, tool_calls=calls, reasoning_content=thinking
+        )
 
 
 class ToolMessage(_Message):

@@ -61,6 +61,9 @@ from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wi
 )
 from gateway.protocol.parsing import parse_body, validation_error
 from gateway.serving.engine_requests import EngineTarget, check_kind, refuse
+from gateway.serving.reasoning import Effort, ReasoningAsk, resolve
+
+ThinkingBudget = Annotated[int, Field(ge=0)]  # thinking tokens before the worker closes the thinking (0: none)
 
 SPELLINGS = {"repeat_penalty": "repetition_penalty", "num_predict": "max_tokens", "n_predict": "max_tokens"}
 
@@ -223,6 +226,15 @@ class ChatCompletionRequest(_Sampling):
         description="voltgate extension (as vLLM's): continue a final assistant message instead of starting a new "
         "turn; on by default when the last message is the assistant's, `false` turns it off",
     )
+    # Reasoning (docs/reasoning.md): OpenAI's effort, and the thinking budget and template variables that
+    # llama.cpp's server, vLLM and SGLang take.
+    reasoning_effort: Effort | None = None
+    thinking_budget_tokens: ThinkingBudget | None = Field(
+        default=None, description="voltgate extension: thinking tokens before the thinking is closed (0: none)"
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="extension (as vLLM's and SGLang's): variables for the model's chat template"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -285,7 +297,12 @@ class ChatCompletionRequest(_Sampling):
         if self.tools:
             inputs |= {"tools": tuple(self.tools), "tool_choice": self.tool_choice,
                        "parallel_tool_calls": self.parallel_tool_calls}  # fmt: skip
+        inputs |= resolve(self.reasoning_ask(), target.reasoning).engine_fields(self.chat_template_kwargs)
         return self._engine(target, inputs)
+
+    def reasoning_ask(self) -> ReasoningAsk:
+        """What this request asks of a reasoning model: its effort and budget (none: the model's default)."""
+        return ReasoningAsk(effort=self.reasoning_effort, budget_tokens=self.thinking_budget_tokens)
 
     def log_prompt(self) -> Any:
         return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
@@ -23,7 +23,11 @@ class CompletionUsage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: dict[str, Any] | None = None  # relayed to chat clients as the engine sent it
+    # Relayed as the engine sent them, and left out when it sent none (OpenAI's schema: an object or absent).
+    prompt_tokens_details: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    completion_tokens_details: dict[str, Any] | None = Field(  # `reasoning_tokens` counts the thinking
+        default=None, exclude_if=lambda v: v is None
+    )
 
     @property
     def cached_tokens(self) -> int | None:
@@ -31,6 +35,11 @@ class CompletionUsage(_Out):
         "Cached tokens": LMDeploy's answers have their details removed, a 0 there is not measured)."""
         cached = (self.prompt_tokens_details or {}).get("cached_tokens")
         return cached if isinstance(cached, int) else None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The completion tokens the model spent thinking (0 when the engine does not say)."""
+        return int((self.completion_tokens_details or {}).get("reasoning_tokens") or 0)
 
 
 def _stop_match(value: object) -> object:
@@ -67,9 +76,16 @@ class ToolCall(_Out):
     function: FunctionCall
 
 
+REASONING = AliasChoices("reasoning_content", "reasoning")
+"""An answer's thinking: llama.cpp's, LMDeploy's and SGLang's name, or vLLM's and Ollama's since 2026."""
+
+ReasoningField = Literal["reasoning_content", "reasoning"]
+
+
 class ChatCompletionMessage(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, validation_alias=REASONING)
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
 
@@ -95,15 +111,18 @@ class ChatCompletion(_Out):
         "stop" when the engine sent none."""
         return self.choices[0] if self.choices else ChatChoice(message=ChatCompletionMessage())
 
-    def wire(self) -> dict[str, Any]:
-        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` absent, and
-        `usage.prompt_tokens_details` absent when the engine did not say (docs/api.md, "Cached tokens")."""
+    def wire(self, reasoning_field: ReasoningField = "reasoning_content") -> dict[str, Any]:
+        """JSON as OpenAI sends it: `content`/`refusal`/`logprobs` are null when empty, `tool_calls` and the
+        usage details the engine did not send absent (`CompletionUsage`); the thinking, when there is any, under
+        `reasoning_field`."""
         body = self.model_dump(mode="json")
         for choice in body["choices"]:
-            if choice["message"].get("tool_calls") is None:
-                choice["message"].pop("tool_calls", None)
-        if body.get("usage") and body["usage"].get("prompt_tokens_details") is None:
-            body["usage"].pop("prompt_tokens_details", None)
+            message = choice["message"]
+            if message.get("tool_calls") is None:
+                message.pop("tool_calls", None)
+            thinking = message.pop("reasoning_content", None)
+            if thinking is not None:
+                message[reasoning_field] = thinking
         return body
 
 
@@ -127,6 +146,7 @@ class ToolCallDelta(_Out):
 class ChunkDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, validation_alias=REASONING)
     refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
@@ -176,6 +196,9 @@ class Model(_Out):
     aliases: list[str] | None = Field(default=None, description="voltgate extension: other names that reach it")
     alias_patterns: list[str] | None = Field(
         default=None, description="voltgate extension: glob patterns of names that reach it (docs/configuration.md)"
+    )
+    reasoning: dict[str, Any] | None = Field(
+        default=None, description="voltgate extension: the model's reasoning default (effort, budget_tokens, field)"
     )
 
 

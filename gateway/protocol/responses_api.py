@@ -4,12 +4,12 @@
 Hints with no meaning for generation here (`service_tier`, `safety_identifier`,
 `stream_options`, `max_tool_calls`, which only counts built-in tool calls) are ignored, as OpenAI ignores
 unknown fields. A `namespace` tool is a group of function tools and is served (see `NamespaceTool`); hosted
-web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning` is accepted and
-ignored: no engine here has a reasoning budget, so every effort is served the same way and the Response
-echoes `reasoning.effort: null` to say none was applied. What no engine can honour (other built-in tools,
-background mode, conversations, prompt templates, file/audio inputs and `input_image` by `file_id`, item
-references, logprobs) is
-recognised and named by `unsupported()`, which the route turns into a 400.
+web search is dropped from the turn, visibly (see `DROPPED_TOOL_TYPES`). `reasoning.effort` controls a
+reasoning model's thinking (docs/reasoning.md); reasoning items sent back in `input` give the next assistant
+turn its thinking (their text; `encrypted_content` is kept, never read). What no engine can honour (other
+built-in tools, background mode, conversations, prompt templates, file/audio inputs and `input_image` by
+`file_id`, item references, logprobs) is recognised and named by `unsupported()`, which the route turns into a
+400.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP, missing_tool
 from gateway.protocol.tagged import Body, Refused, type_tag
+from gateway.serving.reasoning import Effort
 
 
 # -- content parts --------------------------------------------------------------------------------------
@@ -100,10 +101,25 @@ class FunctionCallOutputItem(Body):
     status: ItemStatus | None = None
 
 
+class ReasoningText(Body):
+    """A reasoning item's `summary_text` or `reasoning_text` part."""
+
+    type: str
+    text: str = ""
+
+
 class ReasoningItem(Refused):
-    """Reasoning replayed from another provider's output: opaque to any engine here, so it is skipped."""
+    """An earlier turn's reasoning (ours, or replayed from another provider's output: then its `summary` and
+    `encrypted_content` are all there is); other keys are kept as sent (`extra="allow"`)."""
 
     type: Literal["reasoning"]
+    summary: list[ReasoningText] = []
+    content: list[ReasoningText] | None = None
+
+    def text(self) -> str:
+        """The thinking as text: its `reasoning_text` parts, else its summary's parts."""
+        parts = self.content or self.summary
+        return "\n\n".join(part.text for part in parts if part.text)
 
 
 InputItem = Annotated[
@@ -211,7 +227,7 @@ class TextConfig(Body):
 
 
 class ReasoningConfig(Body):
-    effort: str | None = None
+    effort: Effort | None = None
     summary: str | None = None
 
 

@@ -52,8 +52,10 @@ def _with_status(app: AppContext, deployment: Deployment) -> dict[str, Any]:
 
 def _model(deployment: Deployment) -> Model:
     """An OpenAI model entry plus voltgate's extension fields: the engine, what the model can do, its task, the
-    other names that reach it. An alias pattern is not an entry of its own: a client that lists models offers
-    and sends their ids, and `claude-*` is no name to send (LiteLLM's `*` entry is a reported bug, #13643)."""
+    other names that reach it and, for a generating model, its reasoning default (effort and budget: null is the
+    chat template's own). An alias pattern is not an entry of its own: a client that lists models offers and
+    sends their ids, and `claude-*` is no name to send (LiteLLM's `*` entry is a reported bug, #13643)."""
+    reasoning = deployment.reasoning.model_dump(mode="json")
     return Model(
         id=deployment.name,
         created=deployment.created,
@@ -62,4 +64,5 @@ def _model(deployment: Deployment) -> Model:
         task=deployment.plan.task,
         aliases=list(deployment.aliases),
         alias_patterns=list(deployment.alias_patterns),
+        reasoning=reasoning if deployment.plan.task == "generate" else None,
     )

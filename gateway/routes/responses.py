@@ -26,7 +26,7 @@ from backends.base import RequestKind
 from gateway.errors import ErrorCode, GatewayError
 from gateway.ops.store import NotFound, ResponseStore
 from gateway.protocol.responses import ChatCompletion
-from gateway.protocol.responses_api import ResponsesRequest
+from gateway.protocol.responses_api import ReasoningConfig, ResponsesRequest
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, body_schema, model_hint, render
@@ -109,6 +109,7 @@ async def create_response(request: Request) -> Response:
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise
+    req = _with_effort(req, app)
     turn = _Turn(req, store, ctx.principal.key_id, new_id("resp"), int(time.time()))
     hints = SessionHints(prompt_cache_key=req.prompt_cache_key, previous_response_id=req.previous_response_id,
                          user=req.user)  # fmt: skip
@@ -134,6 +135,21 @@ def _limited(req: ResponsesRequest, cap: int | None) -> ResponsesRequest:
     if req.max_output_tokens is None and cap is not None:
         return req.model_copy(update={"max_output_tokens": cap})
     return req
+
+
+def _with_effort(req: ResponsesRequest, app: AppContext) -> ResponsesRequest:
+    """The request with the reasoning effort it is served with, which the Response echoes: its own, else the
+    model's default (config `reasoning.effort`); None when neither names one (the chat template decides)."""
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        return req
+    try:
+        effort = app.service.registry.resolve(req.model).reasoning.effort
+    except GatewayError:  # an unknown model: the service refuses it next
+        return req
+    if effort is None:
+        return req
+    reasoning = req.reasoning or ReasoningConfig()
+    return req.model_copy(update={"reasoning": reasoning.model_copy(update={"effort": effort})})
 
 
 def _dropped(req: ResponsesRequest, request_id: str) -> dict[str, str]:

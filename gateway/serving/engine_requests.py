@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from backends.base import EngineCapabilities
 from backends.request import ENGINE_PATHS, EngineImage, RequestKind
 from gateway.errors import ErrorCode, GatewayError
+from gateway.serving.reasoning import ReasoningDefault
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class EngineTarget:
     sampling: Mapping[str, float | int] = field(default_factory=dict)
     embed_truncate: bool = False
     images: tuple[EngineImage, ...] = ()  # the request's images, checked by `gateway.serving.vision_parts`
+    reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
 
     def max_tokens(self, requested: int | None, param: str = "max_tokens") -> int | None:
         """max_tokens for the engine: the request's (`param` names the field it came in), else the model's

@@ -17,6 +17,7 @@ through `Service.refused`.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import httpx
 from starlette.requests import Request
@@ -28,6 +29,7 @@ from gateway.errors import GatewayError
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import Residency
 from gateway.ops.metrics import Metrics
+from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.served import ServedRequest
 from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.prompt_prefix import ResponseChains, neutralise
@@ -96,6 +98,8 @@ class Service:
             self.refused(ctx, exc, deployment.name)
             raise
         scope = RequestScope(deployment, ctx, self.metrics, self.residency, units=parsed.units)
+        if translate is None and deployment.reasoning.field != "reasoning_content":  # a chat answer, renamed
+            translate = partial(ChatCompletion.wire, reasoning_field=deployment.reasoning.field)
         upstream, wait_s = self.upstream(deployment), self.settings.load_wait_s
         if not parsed.stream:
             call = UnaryCall(scope, upstream=upstream, request=engine, load_wait_s=wait_s)
@@ -141,6 +145,7 @@ class Service:
             sampling=deployment.sampling,
             embed_truncate=plan.embed_truncate,
             images=images,
+            reasoning=deployment.reasoning,
         )
 
     def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:

@@ -256,6 +256,18 @@ class RequestScope:
             self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
 
 
+_REASONING_KEY = b'"reasoning_content":'
+
+
+async def renamed_reasoning(frames: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """The runs with each delta's `reasoning_content` key named `reasoning` (vLLM's and Ollama's name). The
+    key with its closing quote and colon never occurs inside a JSON string (a quote there is escaped), so a
+    byte replacement renames keys only."""
+    async with contextlib.aclosing(frames):
+        async for run in frames:
+            yield run.replace(_REASONING_KEY, b'"reasoning":') if _REASONING_KEY in run else run
+
+
 class StreamSession:
     """A streamed request: the model's load and admission (with SSE comments while it waits), the upstream
     response, the relay, and one teardown.
@@ -335,10 +347,15 @@ class StreamSession:
     def frames(self) -> AsyncGenerator[bytes, None]:
         """The chat pass-through's SSE byte runs for the client, relayed in the body's own task
         (`gateway.serving.passthrough`; give `RelayResponse` this session's `line` for its keep-alives);
-        always ends with `[DONE]`. A stream that did not wait is the relay itself: no generator between."""
+        always ends with `[DONE]`. A stream that did not wait is the relay itself: no generator between,
+        unless the model names the thinking `reasoning` (config `reasoning.field`: `renamed_reasoning`)."""
         if self._pending is None and self._upstream is not None:
-            return self._relay(direct=True)
-        return self._frames(direct=True)
+            frames = self._relay(direct=True)
+        else:
+            frames = self._frames(direct=True)
+        if self.scope.deployment.reasoning.field == "reasoning":
+            return renamed_reasoning(frames)
+        return frames
 
     def _relay(self, *, direct: bool) -> AsyncGenerator[bytes, None]:
         """The relay over the open upstream: one task (`direct`, closing the session before `[DONE]` and at

@@ -32,11 +32,22 @@ from gateway.protocol.anthropic import (
     ImageBlock,
     InputMessage,
     MessagesRequest,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from gateway.protocol.anthropic import ToolChoice as AnthropicToolChoice
+from gateway.protocol.anthropic_events import (
+    MessageBody,
+    OutputBlock,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolUseContent,
+    Usage,
+)
 from gateway.protocol.chat_messages import (
     AssistantMessage,
     ContentPart,
@@ -52,10 +63,14 @@ from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses import ChatChoice, ChatCompletion, CompletionUsage
 from gateway.protocol.tagged import Refused
 from gateway.serving.engine_requests import EngineTarget
+from gateway.serving.reasoning import Effort
 from gateway.translate.params import MESSAGES, located, translated
 
 # -- request ----------------------------------------------------------------------------------------------
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | Refused
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | Refused
+SIGNATURE = "voltgate-unsigned"
+"""The placeholder `signature` of our thinking blocks: SDKs and Claude Code keep one and send it back; no
+engine here signs its thinking, and a thinking block's signature is not checked when it comes back."""
 ToolMode = Literal["auto", "none", "required"]
 
 
@@ -95,7 +110,10 @@ def _assistant(blocks: list[Block]) -> AssistantMessage:
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]
-    return AssistantMessage(role="assistant", content=text or None, tool_calls=calls or None)
+    thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))  # redacted: left out
+    return AssistantMessage(
+        role="assistant", content=text or None, tool_calls=calls or None, reasoning_content=thinking or None
+    )
 
 
 def _messages(req: CountTokensRequest) -> list[Message]:
@@ -180,6 +198,19 @@ def _tools(req: CountTokensRequest) -> list[Tool] | None:
 
 
 _MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}
+_EFFORTS: dict[str, Effort] = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+
+
+def _reasoning(req: MessagesRequest) -> tuple[Effort | None, int | None]:
+    """(reasoning_effort, thinking_budget_tokens) for the chat request: `disabled` is effort "none";
+    `enabled` gives its budget; `output_config.effort` the effort (max is the highest, xhigh); neither (no
+    `thinking`, or `adaptive`) leaves the model's default."""
+    thinking = req.thinking
+    if thinking is not None and thinking.type == "disabled":
+        return "none", None
+    effort = req.output_config.effort if req.output_config is not None else None
+    budget = thinking.budget_tokens if thinking is not None and thinking.type == "enabled" else None
+    return (_EFFORTS[effort] if effort is not None else None), budget
 
 
 def _tool_choice(choice: AnthropicToolChoice | None) -> ToolChoice | None:
@@ -226,6 +257,7 @@ def _chat(req: MessagesRequest | CountTokensRequest, messages: list[Message]) ->
             parallel_tool_calls=parallel, max_tokens=1,
         )  # fmt: skip
     fmt = req.output_config.format if req.output_config is not None else None
+    effort, budget = _reasoning(req)
     return MessagesChatRequest(
         model=req.model,
         messages=messages,
@@ -245,6 +277,8 @@ def _chat(req: MessagesRequest | CountTokensRequest, messages: list[Message]) ->
         ),
         stream=req.streaming,
         stream_options=StreamOptions(include_usage=True) if req.streaming else None,
+        reasoning_effort=effort,
+        thinking_budget_tokens=budget,
     )
 
 
@@ -275,7 +309,7 @@ def tool_input(name: str, arguments: str) -> dict[str, Any]:
 
 def stop_reason(
     finish_reason: str | None, *, tool_calls: bool, matched: str | int | None, stop_sequences: list[str] | None
-) -> tuple[str, str | None]:
+) -> tuple[StopReason, str | None]:
     """Anthropic's (stop_reason, stop_sequence) for a chat finish.
 
     The chat path reports a matched stop string and a natural end alike as "stop", and engines strip the
@@ -316,15 +350,17 @@ def prompt_tokens(chat_usage: CompletionUsage | None) -> int:
     return chat_usage.prompt_tokens if chat_usage is not None else 0
 
 
-def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
-    """The Message's content blocks for a chat choice (its text, its refusal, one tool_use block per tool
-    call) and how many tool_use blocks there are."""
+def _content(choice: ChatChoice) -> tuple[list[OutputBlock], int]:
+    """The Message's content blocks for a chat choice (its thinking, its text, its refusal, one tool_use block
+    per tool call) and how many tool_use blocks there are."""
     message = choice.message
-    content: list[dict[str, Any]] = []
+    content: list[OutputBlock] = []
+    if message.reasoning_content:
+        content.append(ThinkingContent(thinking=message.reasoning_content, signature=SIGNATURE))
     if message.content:
-        content.append({"type": "text", "text": message.content})
+        content.append(TextContent(text=message.content))
     if message.refusal:
-        content.append({"type": "text", "text": message.refusal})
+        content.append(TextContent(text=message.refusal))
     cut = choice.finish_reason == "length"
     used = 0
     for call in message.tool_calls or ():
@@ -332,9 +368,9 @@ def _content(choice: ChatChoice) -> tuple[list[dict[str, Any]], int]:
         if cut and not _is_object(arguments):
             # max_tokens cut the call's arguments short (TurboMind sends what it had): Anthropic's answer is
             # stop_reason max_tokens, so the text the model wrote is kept as text, never a 502.
-            content.append({"type": "text", "text": arguments})
+            content.append(TextContent(text=arguments))
             continue
-        content.append({"type": "tool_use", "id": call.id, "name": name, "input": tool_input(name, arguments)})
+        content.append(ToolUseContent(id=call.id, name=name, input=tool_input(name, arguments)))
         used += 1
     return content, used
 
@@ -350,16 +386,11 @@ def to_message(chat: ChatCompletion, req: MessagesRequest, *, message_id: str) -
     )
     if choice.message.refusal and reason == "end_turn":
         reason = "refusal"
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": req.model,
-        "content": content,
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage(chat.usage),
-    }
+    message = MessageBody(
+        id=message_id, model=req.model, content=content, stop_reason=reason, stop_sequence=sequence,
+        usage=Usage(**usage(chat.usage)),
+    )  # fmt: skip
+    return message.wire()
 
 
 # -- errors -----------------------------------------------------------------------------------------------

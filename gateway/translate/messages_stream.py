@@ -2,6 +2,8 @@
 
     ping…  (while it waits: queued, loading, or until its prompt has a slot)
     message_start → ping
+    per thinking run: content_block_start(thinking) → content_block_delta(thinking_delta)… →
+                   content_block_delta(signature_delta) → content_block_stop
     per text run:  content_block_start(text) → content_block_delta(text_delta)… → content_block_stop
     per tool call: content_block_start(tool_use) → content_block_delta(input_json_delta)… → content_block_stop
     message_delta (stop_reason, stop_sequence, usage) → message_stop        — or, on failure, error
@@ -12,7 +14,10 @@ gives its `input_tokens` and `cache_read_input_tokens`, as Anthropic's message_s
 reads them there). A first chunk without usage (LMDeploy, a remote endpoint) leaves them 0 until
 message_delta, which always carries the final `input_tokens`, `cache_read_input_tokens` (the prompt's
 prefix-cache hit) and `output_tokens`. Anthropic's SDKs skip `ping` wherever it comes.
-Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids.
+Argument fragments are forwarded verbatim as `partial_json`; tool-use ids are the chat tool-call ids. A
+chunk's `reasoning_content` (the engine's thinking) is a thinking block, closed with the placeholder
+signature (`SIGNATURE`) that Anthropic's SDKs and Claude Code expect of one. Events are built typed
+(`gateway.protocol.anthropic_events`) and leave as JSON objects.
 """
 
 from __future__ import annotations
@@ -22,13 +27,42 @@ from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.anthropic_events import (
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    DeltaUsage,
+    InputJsonDelta,
+    MessageBody,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    OutputBlock,
+    Ping,
+    SignatureDelta,
+    StopDelta,
+    StopReason,
+    StreamEvent,
+    TextContent,
+    TextDelta,
+    ThinkingContent,
+    ThinkingDelta,
+    ToolUseContent,
+    Usage,
+)
 from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.translate.ids import new_id
-from gateway.translate.messages import anthropic_error, stop_reason, tool_input, usage
+from gateway.translate.messages import SIGNATURE, anthropic_error, stop_reason, tool_input, usage
 
 
 @dataclass
 class _Text:
+    index: int
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Thinking:
     index: int
     text: list[str] = field(default_factory=list)
 
@@ -57,8 +91,8 @@ class MessagesStream:
         self._message_id = message_id
         self._started = False
         self._ended = False
-        self._blocks: list[_Text | _ToolUse] = []
-        self._current: _Text | _ToolUse | None = None
+        self._blocks: list[_Text | _Thinking | _ToolUse] = []
+        self._current: _Text | _Thinking | _ToolUse | None = None
         self._calls: dict[int, _ToolUse] = {}
         self._finish_reason: str | None = None
         self._matched: str | int | None = None
@@ -71,7 +105,7 @@ class MessagesStream:
     def keepalive(self) -> list[dict[str, Any]]:
         """A `ping` event while the stream waits (queued, loading, prefilling), as Anthropic's streams have
         them: SDKs and Claude Code count events, not SSE comments, as activity."""
-        return [] if self._ended else [{"type": "ping"}]
+        return [] if self._ended else [Ping().wire()]
 
     def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
         """The events for one `chat.completion.chunk`."""
@@ -82,6 +116,8 @@ class MessagesStream:
         events = self._begin()
         for choice in chunk.choices:
             delta = choice.delta
+            if delta.reasoning_content:
+                events += self._on_thinking(delta.reasoning_content)
             if delta.content:
                 events += self._on_text(delta.content)
             for call in delta.tool_calls or ():
@@ -89,7 +125,7 @@ class MessagesStream:
             if choice.finish_reason:
                 self._finish_reason = choice.finish_reason
                 self._matched = choice.matched
-        return events
+        return _wire(events)
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the open block, then message_delta (stop reason, usage) and message_stop."""
@@ -99,15 +135,8 @@ class MessagesStream:
         events += self._close_current()
         self._ended = True
         reason, sequence = self._stop()
-        events.append(
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": {"output_tokens": usage(self._usage)["output_tokens"], **self._input_usage()},
-            }
-        )
-        events.append({"type": "message_stop"})
-        return events
+        delta = MessageDelta(delta=StopDelta(stop_reason=reason, stop_sequence=sequence), usage=self._delta_usage())
+        return _wire([*events, delta, MessageStop()])
 
     def broke(self, status: int, message: str, code: str) -> list[dict[str, Any]]:
         """The chat stream broke (`status`, `message`; `code` is the gateway's): `fail()`."""
@@ -119,46 +148,37 @@ class MessagesStream:
         if self._ended:
             return []
         self._ended = True
-        return [*self._begin(), anthropic_error(status, message)]
+        return [*_wire(self._begin()), anthropic_error(status, message)]
 
     def final_message(self) -> dict[str, Any]:
         """The Message as accumulated so far; tool inputs parsed (a non-object raises a 502 `GatewayError`)."""
-        content: list[dict[str, Any]] = []
+        content: list[OutputBlock] = []
         for block in self._blocks:
             if isinstance(block, _Text):
-                content.append({"type": "text", "text": "".join(block.text)})
+                content.append(TextContent(text="".join(block.text)))
+            elif isinstance(block, _Thinking):
+                content.append(ThinkingContent(thinking="".join(block.text), signature=SIGNATURE))
             else:
                 arguments = "".join(block.arguments)
-                content.append(
-                    {"type": "tool_use", "id": block.id, "name": block.name, "input": tool_input(block.name, arguments)}
-                )
-        stop = self._stop() if self._ended else (None, None)
-        return self._message(content=content, stop=stop, usage=usage(self._usage))
+                content.append(ToolUseContent(id=block.id, name=block.name, input=tool_input(block.name, arguments)))
+        reason, sequence = self._stop() if self._ended else (None, None)
+        return self._message(content, reason, sequence).wire()
 
     # -- internals ------------------------------------------------------------------------------------
-    def _begin(self) -> list[dict[str, Any]]:
+    def _begin(self) -> list[StreamEvent]:
         """message_start (with the usage known so far: the first chunk's prompt counts) and a ping, once."""
         if self._started:
             return []
         self._started = True
-        message = self._message(content=[], stop=(None, None), usage=usage(self._usage))
-        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+        return [MessageStart(message=self._message([], None, None)), Ping()]
 
-    def _message(
-        self, *, content: list[dict[str, Any]], stop: tuple[Any, Any], usage: dict[str, Any]
-    ) -> dict[str, Any]:
-        return {
-            "id": self._message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._req.model,
-            "content": content,
-            "stop_reason": stop[0],
-            "stop_sequence": stop[1],
-            "usage": usage,
-        }
+    def _message(self, content: list[OutputBlock], reason: StopReason | None, sequence: str | None) -> MessageBody:
+        return MessageBody(
+            id=self._message_id, model=self._req.model, content=content, stop_reason=reason, stop_sequence=sequence,
+            usage=Usage(**usage(self._usage)),
+        )  # fmt: skip
 
-    def _stop(self) -> tuple[str, str | None]:
+    def _stop(self) -> tuple[StopReason, str | None]:
         return stop_reason(
             self._finish_reason,
             tool_calls=bool(self._calls),
@@ -166,43 +186,50 @@ class MessagesStream:
             stop_sequences=self._req.stop_sequences,
         )
 
-    def _input_usage(self) -> dict[str, int]:
-        if self._usage is None:
-            return {}
+    def _delta_usage(self) -> DeltaUsage:
+        """The output tokens, and the input counts when the engine sent usage."""
         counted = usage(self._usage)
-        keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        return {k: counted[k] for k in keys if k in counted}
+        if self._usage is None:
+            return DeltaUsage(output_tokens=counted["output_tokens"])
+        return DeltaUsage(**counted)
 
-    def _on_text(self, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if not isinstance(self._current, _Text):
-            events += self._close_current()
-            block = _Text(index=len(self._blocks))
-            self._open(block)
-            events.append(
-                {"type": "content_block_start", "index": block.index, "content_block": {"type": "text", "text": ""}}
-            )
+    def _on_text(self, text: str) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
         current = self._current
-        assert isinstance(current, _Text)
+        if not isinstance(current, _Text):
+            events += self._close_current()
+            current = _Text(index=len(self._blocks))
+            self._open(current)
+            events.append(ContentBlockStart(index=current.index, content_block=TextContent()))
         current.text.append(text)
-        events.append(
-            {"type": "content_block_delta", "index": current.index, "delta": {"type": "text_delta", "text": text}}
-        )
+        events.append(ContentBlockDelta(index=current.index, delta=TextDelta(text=text)))
         return events
 
-    def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
+    def _on_thinking(self, text: str) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        current = self._current
+        if not isinstance(current, _Thinking):
+            events += self._close_current()
+            current = _Thinking(index=len(self._blocks))
+            self._open(current)
+            events.append(ContentBlockStart(index=current.index, content_block=ThinkingContent()))
+        current.text.append(text)
+        events.append(ContentBlockDelta(index=current.index, delta=ThinkingDelta(thinking=text)))
+        return events
+
+    def _on_tool_call(self, delta: ToolCallDelta) -> list[StreamEvent]:
         index = delta.index
         name = delta.function.name if delta.function is not None else None
         fragment = delta.function.arguments if delta.function is not None else None
         call = self._calls.get(index)
-        events: list[dict[str, Any]] = []
+        events: list[StreamEvent] = []
         if call is None or (delta.id and delta.id != call.id):
             events += self._close_current()
             call = _ToolUse(index=len(self._blocks), id=delta.id or new_id("call"), name=name or "")
             self._calls[index] = call
             self._open(call)
-            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-            events.append({"type": "content_block_start", "index": call.index, "content_block": block})
+            block = ToolUseContent(id=call.id, name=call.name, input={})
+            events.append(ContentBlockStart(index=call.index, content_block=block))
         elif call is not self._current:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
@@ -212,14 +239,23 @@ class MessagesStream:
             call.name = name
         if fragment:
             call.arguments.append(fragment)
-            delta_event = {"type": "input_json_delta", "partial_json": fragment}
-            events.append({"type": "content_block_delta", "index": call.index, "delta": delta_event})
+            events.append(ContentBlockDelta(index=call.index, delta=InputJsonDelta(partial_json=fragment)))
         return events
 
-    def _open(self, block: _Text | _ToolUse) -> None:
+    def _open(self, block: _Text | _Thinking | _ToolUse) -> None:
         self._blocks.append(block)
         self._current = block
 
-    def _close_current(self) -> list[dict[str, Any]]:
+    def _close_current(self) -> list[StreamEvent]:
+        """content_block_stop for the open block; a thinking block's signature_delta first."""
         current, self._current = self._current, None
-        return [] if current is None else [{"type": "content_block_stop", "index": current.index}]
+        if current is None:
+            return []
+        events: list[StreamEvent] = []
+        if isinstance(current, _Thinking):
+            events.append(ContentBlockDelta(index=current.index, delta=SignatureDelta(signature=SIGNATURE)))
+        return [*events, ContentBlockStop(index=current.index)]
+
+
+def _wire(events: list[StreamEvent]) -> list[dict[str, Any]]:
+    return [event.wire() for event in events]

@@ -115,6 +115,25 @@ def _add_call(messages: list[Message], call: ToolCall) -> None:
         messages.append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
 
 
+def _thinking_only(message: Message) -> bool:
+    return isinstance(message, AssistantMessage) and message.content is None and not message.tool_calls
+
+
+def _add_reasoning(messages: list[Message], text: str) -> None:
+    """A reasoning item opens the assistant turn that its message or function calls then join."""
+    if text:
+        messages.append(AssistantMessage(role="assistant", content=None, reasoning_content=text))
+
+
+def _add_message(messages: list[Message], message: Message) -> None:
+    """A message; an assistant one joins the thinking before it (`_add_reasoning`)."""
+    last = messages[-1] if messages else None
+    if isinstance(message, AssistantMessage) and isinstance(last, AssistantMessage) and _thinking_only(last):
+        messages[-1] = last.model_copy(update={"content": message.content})
+    else:
+        messages.append(message)
+
+
 def _messages(items: list[InputItem], *, first_request_index: int) -> list[Message]:
     """Chat messages for Responses items; consecutive assistant text and function calls form one message.
 
@@ -126,7 +145,7 @@ def _messages(items: list[InputItem], *, first_request_index: int) -> list[Messa
     call_ids: dict[str, bool] = {}  # call_id → answered
     for i, item in enumerate(items):
         if isinstance(item, MessageItem):
-            messages.append(_message(item))
+            _add_message(messages, _message(item))
         elif isinstance(item, FunctionCallItem):
             call_ids[item.call_id] = False
             _add_call(messages, _call(item))
@@ -140,8 +159,11 @@ def _messages(items: list[InputItem], *, first_request_index: int) -> list[Messa
                 )
             call_ids[item.call_id] = True
             messages.append(ToolMessage(role="tool", tool_call_id=item.call_id, content=_parts(item.output)))
-        elif not isinstance(item, ReasoningItem):  # reasoning from elsewhere is opaque here: skipped
+        elif isinstance(item, ReasoningItem):
+            _add_reasoning(messages, item.text())
+        else:
             raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"input items of type {item.type!r} are not supported")
+    messages = [m for m in messages if not _thinking_only(m)]  # reasoning with no turn after it: nothing to say
     unanswered = [call_id for call_id, answered in call_ids.items() if not answered]
     if unanswered:
         message = f"No tool output found for function call {unanswered[0]}."
@@ -209,6 +231,7 @@ def _chat(req: ResponsesRequest, messages: list[Message]) -> ChatCompletionReque
         top_p=req.top_p,
         user=req.user,
         response_format=_response_format(req),
+        reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
         stream=req.streaming,
         stream_options=StreamOptions(include_usage=True) if req.streaming else None,
     )
@@ -216,9 +239,9 @@ def _chat(req: ResponsesRequest, messages: list[Message]) -> ChatCompletionReque
 
 # -- response ---------------------------------------------------------------------------------------------
 def usage(chat_usage: CompletionUsage | None) -> dict[str, Any] | None:
-    """Chat usage in the Responses API's shape (None: the engine sent none). The chat usage has no reasoning
-    count (`CompletionUsage` keeps none), so `reasoning_tokens` is 0; `cached_tokens` is the engine's count, 0
-    where it does not say (OpenAI's schema requires the field)."""
+    """Chat usage in the Responses API's shape (None: the engine sent none); `reasoning_tokens` is the engine's
+    `completion_tokens_details.reasoning_tokens` (0 when it does not say); `cached_tokens` is the engine's
+    count, 0 where it does not say (OpenAI's schema requires the field)."""
     if chat_usage is None:
         return None
     prompt, completion = chat_usage.prompt_tokens, chat_usage.completion_tokens
@@ -227,7 +250,7 @@ def usage(chat_usage: CompletionUsage | None) -> dict[str, Any] | None:
         # Required by OpenAI's ResponseUsage: 0 where the engine does not say (LMDeploy; docs/api.md).
         "input_tokens_details": {"cached_tokens": chat_usage.cached_tokens or 0, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": chat_usage.reasoning_tokens},
         "total_tokens": chat_usage.total_tokens or prompt + completion,
     }
 
@@ -237,6 +260,14 @@ def _echo_tool_choice(req: ResponsesRequest) -> str | dict[str, Any]:
     if isinstance(choice, FunctionToolChoice):
         return {"type": "function", "name": choice.name}
     return choice if isinstance(choice, str) else "auto"
+
+
+def _echo_reasoning(req: ResponsesRequest) -> dict[str, Any]:
+    """The effort served (the route fills in the model's default: `_with_effort`) and the summary asked."""
+    reasoning = req.reasoning
+    return (
+        {"effort": reasoning.effort, "summary": reasoning.summary} if reasoning else {"effort": None, "summary": None}
+    )
 
 
 def _echo_format(req: ResponsesRequest) -> dict[str, Any]:
@@ -274,7 +305,7 @@ def response_object(
         "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": _echo_reasoning(req),
         "store": req.stores,
         "temperature": req.temperature,
         "text": {"format": _echo_format(req)},
@@ -319,8 +350,17 @@ def function_call_item(
     return {**item, "arguments": arguments, "status": status}
 
 
+def reasoning_item(item_id: str, text: str, *, status: str) -> dict[str, Any]:
+    """A reasoning item whose summary is the model's thinking, as Codex shows a reasoning summary (no engine here
+    summarises, and none encrypts: `encrypted_content` is null)."""
+    summary = [{"type": "summary_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": summary, "encrypted_content": None, "status": status}
+
+
 def _output(message: ChatCompletionMessage, status: str, req: ResponsesRequest) -> list[dict[str, Any]]:
     output: list[dict[str, Any]] = []
+    if message.reasoning_content:
+        output.append(reasoning_item(new_id("rs"), message.reasoning_content, status=status))
     text, refusal, calls = message.content, message.refusal, message.tool_calls or []
     if text or refusal is not None or not calls:
         output.append(message_item(new_id("msg"), text or "", status=status, refusal=refusal))

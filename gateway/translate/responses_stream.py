@@ -1,6 +1,9 @@
 """Streamed chat chunks → the Responses API's event sequence, with a monotonically increasing sequence_number.
 
     response.created → response.in_progress
+    per thinking run: output_item.added(reasoning) → reasoning_summary_part.added →
+                    reasoning_summary_text.delta… → reasoning_summary_text.done → reasoning_summary_part.done →
+                    output_item.done
     per text run:   output_item.added(message) → content_part.added → output_text.delta… →
                     output_text.done → content_part.done → output_item.done
     per tool call:  output_item.added(function_call) → function_call_arguments.delta… →
@@ -8,7 +11,10 @@
     response.completed | response.incomplete (max_output_tokens) — or, on failure, error → response.failed
 
 Argument fragments are forwarded verbatim and concatenated for the `done` events, so a client's
-accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`.
+accumulated arguments equal the model's bytes exactly; the chat tool-call id is the item's `call_id`. The
+engine's thinking (`reasoning_content` deltas) is a reasoning item's summary, streamed with the summary
+events Codex renders as its reasoning summary. Every event is one of `gateway.protocol.responses_events`,
+validated as it is made (`_event`) and sent as its JSON.
 """
 
 from __future__ import annotations
@@ -20,11 +26,29 @@ from typing import Any
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
 from gateway.protocol.responses_api import ResponsesRequest
+from gateway.protocol.responses_events import (
+    ArgumentsDelta,
+    ArgumentsDone,
+    ContentPartEvent,
+    ErrorEvent,
+    KeepaliveEvent,
+    OutputItemEvent,
+    OutputTextDelta,
+    OutputTextDone,
+    OutputTextPart,
+    ResponseEvent,
+    StreamEvent,
+    SummaryPartEvent,
+    SummaryTextDelta,
+    SummaryTextDone,
+    SummaryTextPart,
+)
 from gateway.translate.ids import new_id
 from gateway.translate.responses import (
     function_call_item,
     incomplete_reason,
     message_item,
+    reasoning_item,
     response_error,
     response_object,
     usage,
@@ -39,16 +63,19 @@ class _Text:
 
 
 @dataclass
+class _Reasoning:
+    output_index: int
+    item_id: str
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _Call:
     output_index: int
     item_id: str
     call_id: str
     name: str
     arguments: list[str] = field(default_factory=list)
-
-
-def _empty_text_part() -> dict[str, Any]:
-    return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
 
 
 class ResponsesStream:
@@ -71,7 +98,7 @@ class ResponsesStream:
         self._started = False
         self._final: dict[str, Any] | None = None
         self._output: list[dict[str, Any]] = []
-        self._current: _Text | _Call | None = None
+        self._current: _Text | _Reasoning | _Call | None = None
         self._calls: dict[int, _Call] = {}
         self._finish_reason: str | None = None
         self._usage: CompletionUsage | None = None
@@ -84,8 +111,8 @@ class ResponsesStream:
             return []
         self._started = True
         return [
-            self._event("response.created", response=self._snapshot("in_progress")),
-            self._event("response.in_progress", response=self._snapshot("in_progress")),
+            self._event(ResponseEvent, type="response.created", response=self._snapshot("in_progress")),
+            self._event(ResponseEvent, type="response.in_progress", response=self._snapshot("in_progress")),
         ]
 
     def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
@@ -98,6 +125,8 @@ class ResponsesStream:
             self._usage = chunk.usage
         for choice in chunk.choices:
             delta = choice.delta
+            if delta.reasoning_content:
+                events += self._on_reasoning(delta.reasoning_content)
             if delta.content:
                 events += self._on_text(delta.content)
             for call in delta.tool_calls or ():
@@ -113,7 +142,8 @@ class ResponsesStream:
         events = self.start()
         reason = incomplete_reason(self._finish_reason)
         status = "incomplete" if reason else "completed"
-        if not self._output:  # an empty generation is still one (empty) message, as non-streamed
+        if all(item["type"] == "reasoning" for item in self._output):  # an empty answer is still one (empty)
+            events += self._close_current(status)  # message, as non-streamed; after the thinking, if any
             events += self._open_text()
         events += self._close_current(status)
         self._final = response_object(
@@ -127,7 +157,7 @@ class ResponsesStream:
             usage=usage(self._usage),
             incomplete_reason=reason,
         )
-        events.append(self._event(f"response.{status}", response=self._final))
+        events.append(self._event(ResponseEvent, type=f"response.{status}", response=self._final))
         return events
 
     def broke(self, status: int, message: str, code: str) -> list[dict[str, Any]]:
@@ -145,7 +175,7 @@ class ResponsesStream:
             self._output[current.output_index] = self._item(current, "incomplete")
             self._current = None
         error = response_error(message, code)
-        events.append(self._event("error", code=error["code"], message=message, param=None))
+        events.append(self._event(ErrorEvent, code=error["code"], message=message, param=None))
         self._final = response_object(
             self._req,
             response_id=self._response_id,
@@ -156,7 +186,7 @@ class ResponsesStream:
             usage=usage(self._usage),
             error=error,
         )
-        events.append(self._event("response.failed", response=self._final))
+        events.append(self._event(ResponseEvent, type="response.failed", response=self._final))
         return events
 
     def keepalive(self) -> list[dict[str, Any]]:
@@ -167,17 +197,22 @@ class ResponsesStream:
         event and skips event types it does not know; the openai SDKs pass it on as an event."""
         if self._final is not None:
             return []
-        return [*self.start(), self._event("keepalive")]
+        return [*self.start(), self._event(KeepaliveEvent)]
 
     def final_response(self) -> dict[str, Any]:
         """The Response as it ended (to store after streaming); while streaming, an in-progress snapshot."""
         return self._final if self._final is not None else self._snapshot("in_progress")
 
     # -- internals ------------------------------------------------------------------------------------
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, **fields, "sequence_number": self._sequence}
+    def _event(self, kind: type[StreamEvent], **fields: Any) -> dict[str, Any]:
+        """The next event of `kind` (validated: its fields are OpenAI's), numbered, as JSON."""
+        event = kind(sequence_number=self._sequence, **fields)
         self._sequence += 1
-        return event
+        return event.wire()
+
+    def _item_event(self, kind: str, output_index: int, item: dict[str, Any]) -> dict[str, Any]:
+        """response.output_item.added or .done (`kind`)."""
+        return self._event(OutputItemEvent, type=f"response.output_item.{kind}", output_index=output_index, item=item)
 
     def _snapshot(self, status: str) -> dict[str, Any]:
         return response_object(
@@ -199,7 +234,7 @@ class ResponsesStream:
         current.text.append(text)
         events.append(
             self._event(
-                "response.output_text.delta",
+                OutputTextDelta,
                 item_id=current.item_id,
                 output_index=current.output_index,
                 content_index=0,
@@ -209,6 +244,28 @@ class ResponsesStream:
         )
         return events
 
+    def _on_reasoning(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        current = self._current
+        if not isinstance(current, _Reasoning):
+            events += self._close_current("completed")
+            current = _Reasoning(output_index=len(self._output), item_id=new_id("rs"))
+            self._current = current
+            item = self._item(current)
+            self._output.append(item)
+            events += [
+                self._item_event("added", current.output_index, item),
+                self._event(SummaryPartEvent, type="response.reasoning_summary_part.added", **self._summary(current),
+                            part=SummaryTextPart()),
+            ]  # fmt: skip
+        current.text.append(text)
+        events.append(self._event(SummaryTextDelta, **self._summary(current), delta=text))
+        return events
+
+    @staticmethod
+    def _summary(state: _Reasoning) -> dict[str, Any]:
+        return {"item_id": state.item_id, "output_index": state.output_index, "summary_index": 0}
+
     def _open_text(self) -> list[dict[str, Any]]:
         current = _Text(output_index=len(self._output), item_id=new_id("msg"))
         self._current = current
@@ -216,8 +273,10 @@ class ResponsesStream:
         self._output.append(item)
         where = {"item_id": current.item_id, "output_index": current.output_index}
         return [
-            self._event("response.output_item.added", output_index=current.output_index, item=item),
-            self._event("response.content_part.added", **where, content_index=0, part=_empty_text_part()),
+            self._item_event("added", current.output_index, item),
+            self._event(
+                ContentPartEvent, type="response.content_part.added", **where, content_index=0, part=OutputTextPart()
+            ),
         ]
 
     def _on_tool_call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
@@ -229,9 +288,7 @@ class ResponsesStream:
         if call is None or (delta.id and delta.id != call.call_id):
             events += self._close_current("completed")
             call = self._open_call(index, delta.id or new_id("call"), name or "")
-            events.append(
-                self._event("response.output_item.added", output_index=call.output_index, item=self._item(call))
-            )
+            events.append(self._item_event("added", call.output_index, self._item(call)))
         elif call is not self._current:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
@@ -243,7 +300,7 @@ class ResponsesStream:
             call.arguments.append(fragment)
             events.append(
                 self._event(
-                    "response.function_call_arguments.delta",
+                    ArgumentsDelta,
                     item_id=call.item_id,
                     output_index=call.output_index,
                     delta=fragment,
@@ -258,9 +315,11 @@ class ResponsesStream:
         self._output.append(self._item(call))
         return call
 
-    def _item(self, state: _Text | _Call, status: str = "in_progress") -> dict[str, Any]:
+    def _item(self, state: _Text | _Reasoning | _Call, status: str = "in_progress") -> dict[str, Any]:
         if isinstance(state, _Text):
             return message_item(state.item_id, "".join(state.text), status=status)
+        if isinstance(state, _Reasoning):
+            return reasoning_item(state.item_id, "".join(state.text), status=status)
         arguments = "".join(state.arguments)
         return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status, req=self._req)
 
@@ -271,17 +330,21 @@ class ResponsesStream:
         item = self._item(current, status)
         self._output[current.output_index] = item
         where = {"item_id": current.item_id, "output_index": current.output_index}
-        if isinstance(current, _Text):
+        if isinstance(current, _Reasoning):
+            part = {"type": "summary_text", "text": "".join(current.text)}
+            events = [
+                self._event(SummaryTextDone, **self._summary(current), text=part["text"]),
+                self._event(
+                    SummaryPartEvent, type="response.reasoning_summary_part.done", **self._summary(current), part=part
+                ),
+            ]
+        elif isinstance(current, _Text):
             part = item["content"][0]
             events = [
-                self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[]),
-                self._event("response.content_part.done", **where, content_index=0, part=part),
+                self._event(OutputTextDone, **where, content_index=0, text=part["text"], logprobs=[]),
+                self._event(ContentPartEvent, type="response.content_part.done", **where, content_index=0, part=part),
             ]
         else:
-            events = [
-                self._event(
-                    "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
-                )
-            ]
-        events.append(self._event("response.output_item.done", output_index=current.output_index, item=item))
+            events = [self._event(ArgumentsDone, **where, name=item["name"], arguments=item["arguments"])]
+        events.append(self._item_event("done", current.output_index, item))
         return events

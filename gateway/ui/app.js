@@ -105,6 +105,15 @@ function render(status) {
 }
 
 // -- models ------------------------------------------------------------------------------------------
+// A reasoning model's first answer token comes after its thinking: predicted for its default budget.
+function ttftCell(m) {
+  const td = el("td", "", `${ms(m.predicted_ttft_s)} / ${ms(m.measured_ttft_s)}`);
+  if (m.predicted_answer_s !== null) {
+    td.append(el("span", "aliases", `answer after ${ms(m.predicted_answer_s)} (${m.thinking_tokens} thinking tokens)`));
+  }
+  return td;
+}
+
 function renderModels(status) {
   const body = $("models").querySelector("tbody");
   const rows = status.models.map((m) => {
@@ -123,7 +132,7 @@ function renderModels(status) {
       el("td", "", m.host === "local" ? where : m.host), el("td", "mem", memory || "–"),
       el("td", "", `${m.in_flight} / ${m.queued}`),
       el("td", "", `${num(m.predicted_tok_s, 1)} / ${num(m.measured_tok_s, 1)}`),
-      el("td", "", `${ms(m.predicted_ttft_s)} / ${ms(m.measured_ttft_s)}`),
+      ttftCell(m),
       el("td", "", `${pct(m.prefix_hit_share)} / ${num(m.prefill_saved_s, 1)} s`),
     ];
     const admin = el("td", "admin-only");

@@ -236,3 +236,30 @@ def test_top_p_zero_becomes_top_k_one_for_turbomind() -> None:
     assert "top_p" not in out and out["top_k"] == 1
     kept = LMDeployAdapter().translate_request(request.model_copy(update={"top_p": 0.5}))
     assert kept["top_p"] == 0.5 and "top_k" not in kept
+
+
+def test_the_plans_reasoning_parser_becomes_lmdeploys_flag(lmdeploy_bin: str) -> None:
+    with_parser = plan(lmdeploy_bin).model_copy(update={"reasoning_parser": "default"})
+    argv = LMDeployAdapter().launch_spec(with_parser, port=1).argv
+    assert argv[argv.index("--reasoning-parser") + 1] == "default"
+    assert "--reasoning-parser" not in LMDeployAdapter().launch_spec(plan(lmdeploy_bin), port=1).argv
+
+
+def test_template_switches_reach_lmdeploy_and_the_thinking_budget_does_not() -> None:
+    """LMDeploy takes `chat_template_kwargs` and has no thinking budget (docs/reasoning.md)."""
+    request = EngineRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello", "reasoning_content": "greet"},
+                {"role": "user", "content": "again"},
+            ],
+            "chat_template_kwargs": {"enable_thinking": True},
+            "thinking_budget_tokens": 512,
+        }
+    )
+    out = LMDeployAdapter().translate_request(request)
+    assert out["chat_template_kwargs"] == {"enable_thinking": True}
+    assert "thinking_budget_tokens" not in out
+    assert out["messages"][1] == {"role": "assistant", "content": "hello", "reasoning_content": "greet"}

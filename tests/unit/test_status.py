@@ -3,12 +3,19 @@ the placement's inventory and the residency's holdings, and whose recent errors 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from backends.base import DeploymentPlan, EngineName
+from gateway.config import ModelSpec
 from gateway.errors import GatewayError
 from gateway.ops.auth import Principal
 from gateway.ops.status import status_report
 from gateway.placement.inventory import inventory_from_spec
+from gateway.placement.policy import reasoning_notes
+from gateway.serving.reasoning import ReasoningDefault
+from tests.unit.test_live_speed import PREDICTION
 from tests.unit.test_residency import MB, Harness
 
 
@@ -86,3 +93,38 @@ async def test_each_model_shows_its_prefix_hit_share_and_the_prefill_it_saved() 
                            open_mode=False, accepting=True)  # fmt: skip
     shares = {m.name: (m.prefix_hit_share, m.prefill_saved_s) for m in report.models}
     assert shares == {"a": (0.45, 0.0), "b": (None, 0.0)}  # no prefill speed known yet: no seconds
+async def test_a_reasoning_models_first_answer_token_is_predicted_after_its_thinking() -> None:
+    """One stream at 100 tok/s, TTFT 0.522 s (tests/unit/test_live_speed.py): 300 thinking tokens first are 3 s
+    more. A default that does not bound the thinking predicts no answer time."""
+    h = Harness({"r": ("on_demand", 100 * MB), "plain": ("on_demand", 100 * MB)}, budget=None)
+    h.registry.resolve("r").reasoning = ReasoningDefault(effort="medium", budget_tokens=300)
+    h.metrics.set_predictions({"r": PREDICTION, "plain": PREDICTION})
+    report = status_report(h.registry, h.residency, h.metrics, {}, principal=Principal("ops"), admin=True,
+                           open_mode=False, accepting=True)  # fmt: skip
+    models = {m.name: m for m in report.models}
+    assert (models["r"].thinking_tokens, models["r"].predicted_answer_s) == (300, 3.522)
+    assert (models["plain"].thinking_tokens, models["plain"].predicted_answer_s) == (None, None)
+    assert models["r"].predicted_ttft_s == models["plain"].predicted_ttft_s == 0.522
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "engine", "notes"),
+    [
+        ({}, EngineName.LLAMACPP, []),
+        ({"effort": "none"}, EngineName.LLAMACPP,
+         ["reasoning: thinking off by default; the first token is the answer's"]),
+        ({"effort": "high"}, EngineName.LLAMACPP,
+         ["reasoning: effort high bounds no thinking; the first answer token waits for all of it"]),
+        ({"budget_tokens": 300}, EngineName.LLAMACPP,
+         ["reasoning: up to 300 thinking tokens before the answer: first answer token after 3.52 s (1 stream)"]),
+        ({"effort": "low"}, EngineName.LMDEPLOY,
+         ["reasoning: up to 1024 thinking tokens before the answer: first answer token after 10.76 s (1 stream)",
+          "reasoning: TurboMind has no thinking budget; the model thinks as long as it wants"]),
+    ],
+)  # fmt: skip
+def test_the_plan_says_when_a_reasoning_models_first_answer_token_comes(
+    reasoning: dict[str, object], engine: EngineName, notes: list[str]
+) -> None:
+    spec = ModelSpec.model_validate({"name": "r", "sources": [{"gguf": "/r.gguf"}], "reasoning": reasoning})
+    plan = DeploymentPlan(model="r", engine=engine, source_path=Path("/r"), model_format="hf", context_tokens=4096)
+    assert reasoning_notes(spec, plan, PREDICTION) == notes

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from gateway.placement.inspection import ModelShape, SourceInfo
-from gateway.placement.tool_parsers import tool_parser_for
+from gateway.placement.tool_parsers import reasoning_parser_for, tool_parser_for
 
 
 def source(architecture: str, vocab: int = 32_000) -> SourceInfo:
@@ -30,3 +31,28 @@ def source(architecture: str, vocab: int = 32_000) -> SourceInfo:
 )
 def test_the_tool_parser_follows_the_architecture(architecture: str, vocab: int, parser: str | None) -> None:
     assert tool_parser_for(source(architecture, vocab)) == parser
+
+
+@pytest.mark.parametrize(
+    ("architecture", "template", "parser"),
+    [
+        ("Qwen3ForCausalLM", None, "default"),
+        ("Qwen3MoeForCausalLM", None, "default"),
+        ("DeepseekV3ForCausalLM", None, "deepseek-v3"),
+        ("Qwen2ForCausalLM", "{{ '<think>\\n' }}", "default"),  # a DeepSeek-R1 distill: a Qwen2 that thinks
+        ("Qwen2ForCausalLM", "{{ messages }}", None),
+        ("LlamaForCausalLM", None, None),
+    ],
+)
+def test_the_reasoning_parser_follows_the_family(
+    tmp_path: Path, architecture: str, template: str | None, parser: str | None
+) -> None:
+    if template is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    info = source(architecture).model_copy(update={"path": tmp_path})
+    assert reasoning_parser_for(info) == parser
+
+
+def test_a_chat_template_file_is_read_too(tmp_path: Path) -> None:
+    (tmp_path / "chat_template.jinja").write_text("{%- if enable_thinking %}<think>{% endif %}")
+    assert reasoning_parser_for(source("LlamaForCausalLM").model_copy(update={"path": tmp_path})) == "default"

@@ -179,14 +179,16 @@ async def test_a_turn_after_tool_calls_without_their_outputs_is_refused(tmp_path
     store.close()
 
 
-def test_reasoning_items_are_skipped_and_reasoning_effort_is_not_applied() -> None:
+def test_an_empty_reasoning_item_adds_nothing_and_the_effort_is_applied_and_echoed() -> None:
     req = request(
         input=[{"type": "reasoning", "id": "rs_1", "summary": []}, {"role": "user", "content": "Hi"}],
         reasoning={"effort": "high", "summary": "auto"},
     )
-    assert translate(req, [])["messages"] == [{"role": "user", "content": "Hi"}]
+    body = translate(req, [])
+    assert body["messages"] == [{"role": "user", "content": "Hi"}]
+    assert body["reasoning_effort"] == "high"  # more: tests/unit/test_reasoning_responses.py
     response = respond(completion("Hello"), req)
-    assert response["reasoning"] == {"effort": None, "summary": None}
+    assert response["reasoning"] == {"effort": "high", "summary": "auto"}
 
 
 # -- multi-turn: previous_response_id replays input and output items ---------------------------------

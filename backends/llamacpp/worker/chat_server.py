@@ -32,6 +32,7 @@ from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.output import ChatOutput
 from backends.llamacpp.worker.prompt_cache import PromptCache, SavePolicy
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
+from backends.llamacpp.worker.reasoning import ReasoningStream
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from backends.llamacpp.worker.text import ChatTemplateError
 from backends.llamacpp.worker.tickets import GenerationRequest, ImageSpan, Ticket
@@ -212,7 +213,7 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
                 grammar_triggers=prepared.grammar_triggers,
             ),
             max_tokens=request.max_tokens,
-            stop=request.stop,
+            stop=() if prepared.reasoning.enabled else request.stop,  # matched on the answer: `ChatOutput`
             logprobs=top,
             shown_specials=prepared.shown_specials,
             images=prepared.images,
@@ -257,7 +258,7 @@ class _Routes:
         # offered once the model can be served: readiness checks (the LMDeploy adapter, remote sources) use it.
         if self.state.engine is None:
             return loading().response()
-        return model_list(self.spec.model_name, self.state.created)
+        return model_list(self.spec.model_name, self.state.created, self.state.engine.prompts.reasoning.format)
 
     async def chat(self, request: Request) -> Response:
         return await self.generate(request, "chat")
@@ -278,19 +279,23 @@ class _Routes:
         except WorkerError as exc:
             return exc.response()
         render = Renderer(kind, request_id, int(time.time()), self.spec.model_name)
-        choices = [
-            Choice(
-                i,
-                t,
-                ChatOutput(prepared.tool_format, prepared.tool_names, forced=prepared.forced_call),
-                engine_request.logprobs,
-            )
-            for i, t in enumerate(tickets)
-        ]
+        lp = engine_request.logprobs
+        choices = [Choice(i, t, _output(engine_request, prepared), lp) for i, t in enumerate(tickets)]
         if engine_request.stream:
             frames = replies.stream(choices, render, engine_request.include_usage, engine_request.include_prompt_usage)
             return EventStream(frames, lambda: cancel_all(choices))
         return await replies.collect(choices, render, request.receive)
+
+
+def _output(request: EngineRequest, prepared: Prepared) -> ChatOutput:
+    """One choice's output: tool calls, and with a reasoning syntax the thinking split off (a completion
+    request's text is never split: it has no template)."""
+    if not prepared.reasoning.enabled or not request.is_chat:
+        return ChatOutput(prepared.tool_format, prepared.tool_names, forced=prepared.forced_call)
+    thinking = ReasoningStream(prepared.reasoning, prepared.reasoning_start)
+    return ChatOutput(
+        prepared.tool_format, prepared.tool_names, forced=prepared.forced_call, reasoning=thinking, stops=request.stop
+    )
 
 
 async def _prepare(engine: _Engine, request: EngineRequest) -> Prepared:

@@ -18,7 +18,7 @@ from typing import Any
 
 from backends.errors import ErrorCode
 from backends.llamacpp.worker.httpkit import WorkerError
-from backends.llamacpp.worker.output import ChatOutput, assemble
+from backends.llamacpp.worker.output import ChatOutput, assemble, reasoning_text
 from backends.llamacpp.worker.tickets import Event, Failed, Finished, TextDelta, Ticket, TokenLogprob, Usage
 from backends.llamacpp.worker.wire import ResponseFinish
 
@@ -50,13 +50,21 @@ class Choice:
         """The stop string that ended the choice (vLLM's `stop_reason`), when one did and the choice ends
         "stop": None on an end-of-generation token, at `length`, and for a choice that ends in tool calls."""
         assert self.finished is not None
-        return self.finished.matched if self.finish_reason() == "stop" else None
+        matched = self.finished.matched or self.output.matched
+        return matched if self.finish_reason() == "stop" else None
 
 
 def failure(event: Failed) -> WorkerError:
     if event.retryable:
         return WorkerError(ErrorCode.WORKER_UNAVAILABLE, event.message)
     return WorkerError(ErrorCode.INTERNAL_ERROR, event.message)
+
+
+def reasoning_tokens(choices: Sequence[Choice]) -> int | None:
+    """Every choice's tokens generated inside the thinking; None when the model has no reasoning syntax."""
+    if not any(c.output.reasons for c in choices):
+        return None
+    return sum(c.output.reasoning_tokens for c in choices)
 
 
 def total_usage(choices: Sequence[Choice]) -> Usage:
@@ -140,6 +148,8 @@ def completion_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> Bod
     }
 
 
-def message(choice: Choice) -> tuple[str | None, list[Body]]:
-    """A finished choice's content and tool calls (the unary path)."""
-    return assemble(choice.deltas + choice.output.finish())
+def message(choice: Choice) -> tuple[str | None, list[Body], str | None]:
+    """A finished choice's content, tool calls and thinking (`reasoning_content`) (the unary path)."""
+    deltas = choice.deltas + choice.output.finish()
+    content, calls = assemble(deltas)
+    return content, calls, reasoning_text(deltas)

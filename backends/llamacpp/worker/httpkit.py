@@ -166,9 +166,12 @@ class EventStream(StreamingResponse):
             self._on_disconnect()  # a no-op once finished; otherwise (disconnect, task cancelled) it stops it
 
 
-def model_list(model_name: str, created: int) -> JSONResponse:
-    """/v1/models: the one model this worker serves."""
-    model = {"id": model_name, "object": "model", "created": created, "owned_by": "voltgate"}
+def model_list(model_name: str, created: int, reasoning_format: str | None = None) -> JSONResponse:
+    """/v1/models: the one model this worker serves; a chat worker adds `reasoning_format`, the reasoning
+    syntax it found in the chat template ("deepseek", "harmony" or "none": `reasoning.ReasoningFormat`)."""
+    model: dict[str, object] = {"id": model_name, "object": "model", "created": created, "owned_by": "voltgate"}
+    if reasoning_format is not None:
+        model["reasoning_format"] = reasoning_format
     return JSONResponse({"object": "list", "data": [model]})
 
 

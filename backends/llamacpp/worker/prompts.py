@@ -18,6 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
+from backends.llamacpp.worker.reasoning import (
+    NO_REASONING,
+    THINK_OPEN,
+    ReasoningSyntax,
+    Start,
+    after_thinking,
+    select_reasoning,
+)
 from backends.llamacpp.worker.text import CHATML_TEMPLATE, ChatTemplate
 from backends.llamacpp.worker.tickets import ImageSpan
 from backends.llamacpp.worker.tools import SchemaGrammarError, ToolFormat, select_format
@@ -44,6 +52,8 @@ class Prepared:
     grammar_triggers: tuple[str, ...] = ()
     forced_call: bool = False  # `grammar` forces a call (tool_choice "required" or a named tool)
     images: tuple[ImageSpan, ...] = ()
+    reasoning: ReasoningSyntax = NO_REASONING
+    reasoning_start: Start = "answer"  # where the output begins (`ReasoningStream`)
 
     @property
     def image_tokens(self) -> int:
@@ -66,7 +76,9 @@ class PromptBuilder:
             ChatTemplate(tool_source, bos_token=self._bos_text, eos_token=eos_text) if tool_source else self.template
         )
         self.tool_format = select_format(tool_source or source)
+        self.reasoning = select_reasoning(source)
         self._specials = self._special_ids(self.tool_format.preserved_tokens)
+        self._thinking_specials = self._special_ids(self.reasoning.preserved_tokens)
 
     def _special_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
         """The token ids of a tool syntax's markers that are special tokens (rendered empty by default)."""
@@ -90,7 +102,9 @@ class PromptBuilder:
             tools=fmt.tools_for_template(tools) if tools and fmt.native else None,
             add_generation_prompt=not request.continue_final_message,
             continue_final=request.continue_final_message,
+            extra=self._template_kwargs(request),
         )
+        text, start = self._thinking_prompt(text, request)
         # Templates that write the BOS token themselves must not get a second one.
         add_bos = self._model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
         images: tuple[ImageSpan, ...] = ()
@@ -100,18 +114,68 @@ class PromptBuilder:
             tokens = self._tokens(text, add_bos)
         if not tools:
             try:
-                return Prepared(tokens, format_grammar(request), images=images)
+                grammar = format_grammar(request)
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
+            grammar, triggers = after_thinking(grammar, (), self.reasoning, start)
+            return self._prepared(tokens, grammar, start, triggers=triggers, images=images)
         parallel = request.parallel_tool_calls is not False
-        triggers: tuple[str, ...] = ()
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         if forced:
-            grammar = fmt.grammar(tools, parallel=parallel)
+            grammar, triggers = after_thinking(fmt.grammar(tools, parallel=parallel), (), self.reasoning, start)
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
-            grammar, triggers = fmt.lazy_grammar(tools, parallel)
+            grammar, triggers = after_thinking(*fmt.lazy_grammar(tools, parallel), self.reasoning, start)
         names = tuple(t.function.name for t in tools)
-        return Prepared(tokens, grammar, fmt, names, self._specials, triggers, forced_call=forced, images=images)
+        return self._prepared(tokens, grammar, start, triggers=triggers, images=images, tools=(fmt, names, forced))
+
+    def _prepared(
+        self,
+        tokens: list[int],
+        grammar: str | None,
+        start: Start,
+        *,
+        triggers: tuple[str, ...],
+        images: tuple[ImageSpan, ...],
+        tools: tuple[ToolFormat, tuple[str, ...], bool] | None = None,
+    ) -> Prepared:
+        fmt, names, forced = tools if tools is not None else (None, (), False)
+        return Prepared(
+            tokens,
+            grammar,
+            fmt,
+            names,
+            (self._specials if tools is not None else frozenset()) | self._thinking_specials,
+            triggers,
+            forced_call=forced,
+            images=images,
+            reasoning=self.reasoning,
+            reasoning_start=start,
+        )
+
+    def _template_kwargs(self, request: EngineRequest) -> dict[str, object]:
+        """The request's `chat_template_kwargs`; with a thinking budget of 0, the template's own switch
+        (`enable_thinking: false`) unless the request set it."""
+        kwargs = dict(request.chat_template_kwargs or {})
+        switch = self.reasoning.switch
+        if request.thinking_budget_tokens == 0 and switch is not None:
+            kwargs.setdefault(switch, False)
+        return kwargs
+
+    def _thinking_prompt(self, text: str, request: EngineRequest) -> tuple[str, Start]:
+        """The rendered prompt, made to skip the thinking for a budget of 0 (the closing appended when the
+        template had no switch or did not use it), or to open it where a grammar must wait for its end;
+        and where the output then begins."""
+        if request.continue_final_message or not self.reasoning.enabled:
+            return text, "answer"
+        start = self.reasoning.start(text)
+        if request.thinking_budget_tokens == 0:
+            return text + self.reasoning.skip(start), "answer"
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+        structured = request.response_format is not None and request.response_format.type != "text"
+        needs_grammar = (forced and bool(request.active_tools)) or structured
+        if needs_grammar and start == "open" and self.reasoning.format == "deepseek":
+            return text + THINK_OPEN + "\n", "thinking"
+        return text, start
 
     def _with_images(
         self, text: str, add_bos: bool, images: Sequence[EngineImage]

@@ -19,6 +19,7 @@ from backends.llamacpp.worker.choices import (
     failure,
     message,
     on_text,
+    reasoning_tokens,
     total_usage,
 )
 from backends.llamacpp.worker.httpkit import client_closed, watch_disconnect
@@ -81,7 +82,7 @@ async def stream(
             for frame in _finish_frames(choice, render):
                 yield frame
     if include_usage:
-        yield sse(render.usage_chunk(total_usage(choices)))
+        yield sse(render.usage_chunk(total_usage(choices), reasoning_tokens(choices)))
     yield SSE_DONE
 
 
@@ -167,7 +168,7 @@ async def collect(choices: Sequence[Choice], render: Renderer, receive: Receive)
                 else:
                     choice.finished = event
         bodies = [_choice_body(c, render, "".join(texts[c.index])) for c in choices]
-        return JSONResponse(render.completion(bodies, total_usage(choices)))
+        return JSONResponse(render.completion(bodies, total_usage(choices), reasoning_tokens(choices)))
     finally:
         cancel_all(choices)  # no-ops once finished; stops the request if this task was cancelled
 
@@ -177,7 +178,7 @@ def _choice_body(choice: Choice, render: Renderer, text: str) -> dict[str, Any]:
     if render.kind != "chat":
         lp = completion_logprobs(choice.every) if choice.logprobs else None
         return render.text_choice(choice.index, text, choice.finish_reason(), lp, stop_reason=choice.stop_reason())
-    content, calls = message(choice)
+    content, calls, thinking = message(choice)
     lp = chat_logprobs(choice.every) if choice.logprobs else None
     finish, matched = choice.finish_reason(), choice.stop_reason()
-    return render.chat_choice(choice.index, content, finish, calls, lp, stop_reason=matched)
+    return render.chat_choice(choice.index, content, finish, calls, lp, stop_reason=matched, reasoning=thinking)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn
@@ -86,6 +86,7 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text for `messages`, by default ending with the assistant's generation prompt.
 
@@ -93,8 +94,11 @@ class ChatTemplate:
         `tools is defined` or `if tools`. `continue_final` leaves the last message open instead, so the
         model continues it: the rendering is cut right after that message's content (as `transformers`'
         `continue_final_message` does); it is an error if the template does not write the content verbatim.
+        `extra` (a request's `chat_template_kwargs`, e.g. `enable_thinking`) adds template variables; it
+        cannot replace the conversation, the tools or the special tokens.
         """
-        context: dict[str, Any] = {
+        context: dict[str, Any] = {k: v for k, v in (extra or {}).items() if k != "tools"}
+        context |= {
             "messages": list(messages),
             "add_generation_prompt": add_generation_prompt and not continue_final,
             "bos_token": self.bos_token,

@@ -65,13 +65,17 @@ def new_id(kind: Kind) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    return {
+def usage_body(usage: Usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `completion_tokens_details.reasoning_tokens` when the model reasons."""
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,13 @@ class Renderer:
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def completion(self, choices: Sequence[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+    def completion(
+        self, choices: Sequence[dict[str, Any]], usage: Usage, reasoning_tokens: int | None = None
+    ) -> dict[str, Any]:
         """The unary body for fully built `choices` (see `chat_choice` / `text_choice`)."""
         body = self._envelope("chat.completion" if self.kind == "chat" else "text_completion")
         body["choices"] = list(choices)
-        body["usage"] = usage_body(usage)
+        body["usage"] = usage_body(usage, reasoning_tokens)
         return body
 
     @staticmethod
@@ -111,8 +117,12 @@ class Renderer:
         logprobs: dict[str, Any] | None = None,
         *,
         stop_reason: str | None = None,
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
+        """A whole chat choice; `reasoning` (the thinking) goes in `message.reasoning_content` when given."""
         message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if tool_calls:
             message["tool_calls"] = list(tool_calls)
         choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -159,10 +169,10 @@ class Renderer:
         body["choices"] = [self.text_choice(index, text, finish_reason, logprobs, stop_reason=stop_reason)]
         return body
 
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+    def usage_chunk(self, usage: Usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         body["choices"] = []
-        body["usage"] = usage_body(usage)
+        body["usage"] = usage_body(usage, reasoning_tokens)
         return body
 
 

@@ -59,8 +59,19 @@ def template_messages(
             message["name"] = m.name or names.get(m.tool_call_id or "", "")
         elif m.name:
             message["name"] = m.name
-        out.append(message)
+        out.append(with_thinking(message, m))
     return out
+
+
+def with_thinking(message: Message, source: EngineMessage) -> Message:
+    """`message` with an assistant turn's earlier thinking under the names templates read: Qwen3's
+    `reasoning_content` (which it drops for turns before the last user query) and gpt-oss's `thinking`
+    (kept across tool calls). The request may name it `reasoning_content` or `reasoning` (vLLM's)."""
+    thinking = source.reasoning_content or source.reasoning
+    if source.role == "assistant" and thinking:
+        message["reasoning_content"] = thinking
+        message["thinking"] = thinking
+    return message
 
 
 def _call_dict(call: ToolCall, map_id: Callable[[str], str]) -> dict[str, Any]:
@@ -165,5 +176,5 @@ def _text_turns(messages: Sequence[EngineMessage]) -> list[Message]:
         after_tool = False
         parts = [m.content] if m.content else []
         parts += [call_text(c.function.name, c.function.arguments_value()) for c in m.tool_calls or ()]
-        out.append({"role": m.role, "content": "\n".join(parts)})
+        out.append(with_thinking({"role": m.role, "content": "\n".join(parts)}, m))
     return out

@@ -1,0 +1,263 @@
+"""Thinking kept apart from the answer: the reasoning syntax of a chat template, parsed while it streams.
+
+Like llama.cpp's server (common/chat.cpp, `reasoning_format`) and vLLM's reasoning parsers, the family is
+chosen once from the GGUF's chat template:
+
+* "deepseek": `<think>...</think>` then the answer (Qwen3 / 3.5 / 3.6, DeepSeek-R1 and its distills,
+  GLM-4.5+). A template may pre-fill `<think>` in the generation prompt (R1 distills, Qwen3.5): the output
+  then starts inside the thinking (`starts_thinking`, read from the rendered prompt).
+* "harmony": gpt-oss's channels, `<|channel|>analysis<|message|>...<|end|>` is thinking and
+  `<|start|>assistant<|channel|>final<|message|>...` the answer.
+* "none": no reasoning syntax; the output is all answer.
+
+`ReasoningStream` splits text fragments (as decoded, tags possibly split across tokens) into reasoning and
+answer pieces, holding back only what may still be the start of a tag. A thinking block still open when
+generation ends is thinking, not answer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+ReasoningFormat = Literal["none", "deepseek", "harmony"]
+Start = Literal["open", "thinking", "answer"]
+"""Where a reply's output begins: free to open a thinking block, inside one (the prompt opened it), or in
+the answer (the prompt closed or skipped the thinking)."""
+PieceKind = Literal["reasoning", "content"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+HARMONY_CHANNEL = "<|channel|>"
+HARMONY_MESSAGE = "<|message|>"
+HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+HARMONY_START = "<|start|>"
+HARMONY_HEADER_LIMIT = 256
+"""A harmony header longer than this without `<|message|>` is not one: the text is shown as answer."""
+
+
+@dataclass(frozen=True)
+class ReasoningSyntax:
+    """A template family's reasoning syntax.
+
+    `switch`: the template variable that turns thinking off (`enable_thinking`), when the template reads
+    one; `skip`: text that, appended to the generation prompt, ends the thinking before it starts (when the
+    prompt already opened it, only the closing part is appended: `closing`).
+    `preserved_tokens`: markers that are special tokens in the family's vocabulary and must be shown.
+    """
+
+    format: ReasoningFormat
+    switch: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.format != "none"
+
+    @property
+    def closing(self) -> str:
+        """What closes an open thinking block so the answer follows."""
+        if self.format == "harmony":
+            return "<|end|><|start|>assistant<|channel|>final<|message|>"
+        return THINK_CLOSE + "\n\n"
+
+    def skip(self, start: Start) -> str:
+        """Text appended to the generation prompt for no thinking at all ("" when there is none to skip)."""
+        if start == "answer":
+            return ""
+        if self.format == "harmony":
+            return "<|channel|>final<|message|>" if start == "open" else self.closing
+        return self.closing if start == "thinking" else THINK_OPEN + "\n\n" + self.closing
+
+    @property
+    def preserved_tokens(self) -> tuple[str, ...]:
+        if self.format == "harmony":
+            return (HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_START, *HARMONY_ENDS)
+        if self.format == "deepseek":
+            return (THINK_OPEN, THINK_CLOSE)
+        return ()
+
+    def start(self, prompt: str) -> Start:
+        """Where the output of the rendered generation prompt `prompt` begins."""
+        tail = prompt.rstrip()
+        if self.format == "deepseek" and tail.endswith(THINK_OPEN):
+            return "thinking"
+        if self.format == "deepseek" and tail.endswith(THINK_CLOSE):
+            return "answer"  # the template skipped the thinking (Qwen3's enable_thinking=false)
+        if self.format == "harmony" and tail.endswith(HARMONY_MESSAGE):
+            return "thinking" if prompt.rfind("<|channel|>analysis") > prompt.rfind(HARMONY_START) else "answer"
+        return "open" if self.enabled else "answer"
+
+
+NO_REASONING = ReasoningSyntax("none")
+
+
+def select_reasoning(template: str) -> ReasoningSyntax:
+    """The reasoning syntax a chat template's text uses (llama.cpp's detection: by its markers)."""
+    if HARMONY_CHANNEL in template and HARMONY_MESSAGE in template:
+        return ReasoningSyntax("harmony")
+    if THINK_OPEN in template and THINK_CLOSE in template:
+        return ReasoningSyntax("deepseek", "enable_thinking" if "enable_thinking" in template else None)
+    return NO_REASONING
+
+
+def after_thinking(
+    grammar: str | None, triggers: tuple[str, ...], syntax: ReasoningSyntax, start: Start
+) -> tuple[str | None, tuple[str, ...]]:
+    """A grammar (and its lazy triggers) that lets an open `<think>` block through first.
+
+    With the output inside the thinking (`start` "thinking"), a lazy grammar's triggers only fire after
+    `</think>`, and a grammar that holds the whole reply (a forced call, JSON output) becomes lazy: it
+    starts at `</think>` (as llama.cpp does for templates that open the thinking). Otherwise unchanged.
+    """
+    if grammar is None or syntax.format != "deepseek" or start != "thinking":
+        return grammar, triggers
+    closed = r"[\s\S]*?" + THINK_CLOSE
+    if triggers:
+        return grammar, tuple(closed + trigger for trigger in triggers)
+    answer = re.sub(r"^root(\s*)::=", r"answer-root\1::=", grammar, flags=re.MULTILINE)
+    root = f'root ::= "{THINK_CLOSE}" [ \\t\\n]* answer-root'
+    return f"{answer}\n{root}\n", (r"[\s\S]*?(" + THINK_CLOSE + r")[\s\S]*",)
+
+
+class _State(Enum):
+    START = "start"  # before any output: may open a thinking block (deepseek) or a header (harmony)
+    THINKING = "thinking"
+    ANSWER = "answer"
+    AFTER_CLOSE = "after_close"  # just closed: whitespace before the answer is dropped
+    HEADER = "header"  # harmony: reading `<|channel|>NAME<|message|>`
+
+
+Piece = tuple[PieceKind, str]
+
+
+class ReasoningStream:
+    """Splits generated text into reasoning and answer pieces for one syntax (not thread-safe).
+
+    `push` returns what is certain now; `finish` returns the rest (an open thinking block stays thinking).
+    `thinking` says whether the text pushed so far ended inside the thinking.
+    """
+
+    def __init__(self, syntax: ReasoningSyntax, start: Start = "open") -> None:
+        self._syntax = syntax
+        self._held = ""
+        self._channel = ""
+        if syntax.format == "none" or start == "answer":
+            self._state = _State.ANSWER
+        elif start == "thinking":
+            self._state = _State.THINKING
+        else:
+            self._state = _State.START
+
+    @property
+    def thinking(self) -> bool:
+        if self._state in (_State.HEADER, _State.THINKING):
+            return self._channel != "final"
+        return self._state is _State.START and self._syntax.format == "harmony"
+
+    def push(self, text: str) -> list[Piece]:
+        self._held += text
+        out: list[Piece] = []
+        while self._held:
+            before = (self._state, len(self._held))
+            self._step(out)
+            if (self._state, len(self._held)) == before:
+                break  # waiting for more text
+        return _merge(out)
+
+    def finish(self) -> list[Piece]:
+        held, self._held = self._held, ""
+        if not held:
+            return []
+        if self._state is _State.HEADER and HARMONY_CHANNEL not in held:
+            return [("content", held)]  # plain text where a header was expected
+        if self.thinking:
+            return [("reasoning", held)]
+        if self._state is _State.AFTER_CLOSE:
+            held = held.lstrip()
+        return [("content", held)] if held else []
+
+    def _step(self, out: list[Piece]) -> None:
+        if self._state is _State.ANSWER:
+            out.append(("content", self._held))
+            self._held = ""
+        elif self._state is _State.START:
+            self._start()
+        elif self._state is _State.AFTER_CLOSE:
+            stripped = self._held.lstrip()
+            if stripped:
+                self._held, self._state = stripped, _State.ANSWER
+            else:
+                self._held = ""
+        elif self._state is _State.THINKING:
+            self._thinking(out)
+        else:
+            self._header(out)
+
+    def _start(self) -> None:
+        if self._syntax.format == "harmony":
+            self._state = _State.HEADER
+            return
+        stripped = self._held.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self._held, self._state = stripped[len(THINK_OPEN) :].lstrip("\n"), _State.THINKING
+        elif not THINK_OPEN.startswith(stripped):
+            self._state = _State.ANSWER  # the model answered without thinking
+
+    def _thinking(self, out: list[Piece]) -> None:
+        ends = HARMONY_ENDS if self._syntax.format == "harmony" else (THINK_CLOSE,)
+        kind: PieceKind = "reasoning" if self.thinking else "content"
+        at, tag = _first(self._held, ends)
+        if tag is not None:
+            if self._held[:at]:
+                out.append((kind, self._held[:at]))
+            self._held = self._held[at + len(tag) :]
+            self._state = _State.HEADER if self._syntax.format == "harmony" else _State.AFTER_CLOSE
+            self._channel = ""
+            return
+        keep = max(_partial_suffix(self._held, tag) for tag in ends)
+        ready, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+        if ready:
+            out.append((kind, ready))
+
+    def _header(self, out: list[Piece]) -> None:
+        """Harmony: `[<|start|>assistant]<|channel|>NAME[ to=...][<|constrain|>...]<|message|>`."""
+        at = self._held.find(HARMONY_MESSAGE)
+        if at < 0:
+            if len(self._held) > HARMONY_HEADER_LIMIT:
+                self._state = _State.ANSWER
+            return
+        header, self._held = self._held[:at], self._held[at + len(HARMONY_MESSAGE) :]
+        channel = header.split(HARMONY_CHANNEL, 1)[1] if HARMONY_CHANNEL in header else ""
+        self._channel = channel.split()[0] if channel.split() else ""
+        if self._channel not in ("analysis", "final"):
+            out.append(("content", header + HARMONY_MESSAGE))  # commentary (a tool call): the answer's business
+            self._channel = "final"
+        self._state = _State.THINKING
+
+
+def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
+    found = [(text.find(tag), tag) for tag in tags if tag in text]
+    if not found:
+        return -1, None
+    at, tag = min(found)
+    return at, tag
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _merge(pieces: list[Piece]) -> list[Piece]:
+    merged: list[Piece] = []
+    for kind, text in pieces:
+        if merged and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + text)
+        else:
+            merged.append((kind, text))
+    return merged
