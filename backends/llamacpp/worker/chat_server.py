@@ -211,6 +211,7 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
             shown_specials=prepared.shown_specials,
             images=prepared.images,
             report_start=i == 0 and request.stream and request.include_prompt_usage,
+            thinking_budget=prepared.thinking_budget,
         )
         for i in range(request.n)
     ]

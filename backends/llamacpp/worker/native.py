@@ -407,6 +407,10 @@ class Sampler:
         """Pick (and accept) the next token from the logits at batch `index` of the last decode."""
         return int(lib.llama_sampler_sample(self._chain, model.context, index))
 
+    def accept(self, token: int) -> None:
+        """Advance the chain's state (grammar, penalties) by a token it did not pick (a forced one)."""
+        lib.llama_sampler_accept(self._chain, token)
+
     def close(self) -> None:
         if self._chain is not None:
             lib.llama_sampler_free(self._chain)

@@ -396,8 +396,8 @@ class Scheduler:
 
     def _pick(self, outputs: list[tuple[SeqState, int, int]], n_outputs: int) -> None:
         picks = [
-            Pick(seq.sampler, seq.banned, index, row, seq.request.logprobs, seq.request.sampling.temperature)
-            for seq, index, row in outputs
+            Pick(seq.sampler, seq.banned, i, row, seq.request.logprobs, seq.request.sampling.temperature, seq.forced)
+            for seq, i, row in outputs
         ]
         for (seq, _, _), (token, entry) in zip(outputs, self._picker.pick(picks, n_outputs), strict=True):
             self._on_token(seq, token, entry)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backends.llamacpp.worker.reasoning import ThinkingBudget
 from backends.llamacpp.worker.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -73,6 +74,8 @@ class GenerationRequest:
     positions are never put in a token batch."""
     report_start: bool = False
     """Put a `Started` event (the prompt's usage) when the request gets its slot."""
+    thinking_budget: ThinkingBudget | None = None
+    """Close the thinking with forced tokens once this many tokens were generated inside it."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
