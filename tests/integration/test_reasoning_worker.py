@@ -1,5 +1,5 @@
 """Thinking through the real worker: the embedded SmolLM2 re-templated as DeepSeek-R1-Distill (its generation
-prompt opens `<think>`) and as Qwen3 (`enable_thinking`, Hermes tool calls).
+prompt opens `<think>`), as Qwen3 (`enable_thinking`, Hermes tool calls) and as gpt-oss (harmony channels).
 
 SmolLM2 does not think on its own: the R1 template's pre-filled `<think>` puts its output inside the thinking,
 and `thinking_budget_tokens` makes the worker close it with forced tokens, so the answer (or a tool call held
@@ -48,6 +48,11 @@ def r1(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 @pytest.fixture(scope="module")
 def qwen3(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _worker("qwen3", smollm2_path, tmp_path_factory.mktemp("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _worker("gpt_oss", smollm2_path, tmp_path_factory.mktemp("gpt-oss"))
 
 
 def _chat(url: str, **extra: Any) -> dict[str, Any]:
@@ -158,3 +163,28 @@ def test_history_thinking_reaches_the_template_as_it_reads_it() -> None:
     prompt = template.render(template_messages(history))
     assert "<think>\nI need the clock\n</think>" in prompt  # kept: a tool-call step of the current query
     assert "old thought" not in prompt  # Qwen3 drops thinking of turns before the last user query
+
+
+def test_harmony_analysis_is_reasoning_and_final_is_the_answer(gpt_oss: str) -> None:
+    assert httpx.get(gpt_oss + "/v1/models").json()["data"][0]["reasoning_format"] == "harmony"
+    body = _chat(gpt_oss, thinking_budget_tokens=5, ignore_eos=True, max_tokens=40)
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"]
+    assert "<|channel|>" not in message["content"] + message["reasoning_content"]
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 5
+    skipped = _chat(gpt_oss, thinking_budget_tokens=0, chat_template_kwargs={"reasoning_effort": "low"})
+    assert "reasoning_content" not in skipped["choices"][0]["message"]
+
+
+def test_gpt_oss_keeps_the_thinking_of_a_tool_call_step() -> None:
+    template = ChatTemplate(template_text("gpt_oss"), bos_token="", eos_token="")
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    history = [
+        EngineMessage(role="user", content="Time?"),
+        EngineMessage.model_validate(
+            {"role": "assistant", "reasoning_content": "I need the clock", "tool_calls": [call]}
+        ),
+        EngineMessage(role="tool", content="12:00", tool_call_id="call_1"),
+    ]
+    prompt = template.render(template_messages(history), tools=[TOOLS[0]])
+    assert "<|channel|>analysis<|message|>I need the clock<|end|>" in prompt

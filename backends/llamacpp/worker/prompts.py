@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
 from backends.llamacpp.worker.reasoning import (
+    HARMONY_ANALYSIS,
     NO_REASONING,
     THINK_OPEN,
     ReasoningSyntax,
@@ -189,6 +190,8 @@ class PromptBuilder:
         needs_grammar = (forced and bool(request.active_tools)) or structured
         if needs_grammar and start == "open" and self.reasoning.format == "deepseek":
             return text + THINK_OPEN + "\n", "thinking"
+        if request.thinking_budget_tokens and start == "open" and self.reasoning.format == "harmony":
+            return text + HARMONY_ANALYSIS, "thinking"  # the budget counts the analysis channel from here
         return text, start
 
     def _with_images(

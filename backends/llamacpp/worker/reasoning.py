@@ -34,6 +34,7 @@ HARMONY_CHANNEL = "<|channel|>"
 HARMONY_MESSAGE = "<|message|>"
 HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
 HARMONY_START = "<|start|>"
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
 HARMONY_HEADER_LIMIT = 256
 """A harmony header longer than this without `<|message|>` is not one: the text is shown as answer."""
 
@@ -86,7 +87,7 @@ class ReasoningSyntax:
         if self.format == "deepseek" and tail.endswith(THINK_CLOSE):
             return "answer"  # the template skipped the thinking (Qwen3's enable_thinking=false)
         if self.format == "harmony" and tail.endswith(HARMONY_MESSAGE):
-            return "thinking" if prompt.rfind("<|channel|>analysis") > prompt.rfind(HARMONY_START) else "answer"
+            return "thinking" if tail.endswith(HARMONY_ANALYSIS) else "answer"
         return "open" if self.enabled else "answer"
 
 
