@@ -65,6 +65,7 @@ def _chat(url: str, **extra: Any) -> dict[str, Any]:
 def test_models_names_the_reasoning_format(r1: str, qwen3: str) -> None:
     for url in (r1, qwen3):
         assert httpx.get(url + "/v1/models").json()["data"][0]["reasoning_format"] == "deepseek"
+        assert httpx.get(url + "/health").json()["reasoning_format"] == "deepseek"
 
 
 def test_an_unclosed_block_is_all_thinking(r1: str) -> None:

@@ -242,6 +242,7 @@ class _Routes:
                 "n_ctx_per_slot": context.n_ctx_per_seq,
                 "kv_cells_total": context.n_ctx_per_seq * context.n_seq_max,
                 "vision": engine.projector is not None,
+                "reasoning_format": engine.prompts.reasoning.format,
                 **asdict(engine.scheduler.stats()),
             }
         )
