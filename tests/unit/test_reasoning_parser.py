@@ -11,6 +11,7 @@ from backends.llamacpp.worker.reasoning import (
     ReasoningStream,
     ReasoningSyntax,
     Start,
+    ThinkingBudget,
     after_thinking,
     select_reasoning,
 )
@@ -113,3 +114,15 @@ def test_a_grammar_waits_for_the_end_of_the_thinking() -> None:
     lazy = after_thinking("g", (r"[\s\S]*?(<tool_call>)[\s\S]*",), DEEPSEEK, "thinking")
     assert lazy == ("g", (r"[\s\S]*?</think>[\s\S]*?(<tool_call>)[\s\S]*",))
     assert after_thinking("g", (), DEEPSEEK, "open") == ("g", ())
+
+
+def test_the_budget_tracker_closes_an_open_block_after_limit_tokens() -> None:
+    tracker = ThinkingBudget(3, (7, 8), DEEPSEEK, "open").tracker()
+    assert [tracker.after(t) for t in ["<think>", "a", " b"]] == [(), (), ()]
+    assert tracker.after(" c") == (7, 8)  # the third token generated inside the thinking
+    assert tracker.after("</think>") == () and tracker.after("more") == ()
+
+
+def test_the_budget_is_not_spent_on_a_block_the_model_closed() -> None:
+    tracker = ThinkingBudget(2, (9,), DEEPSEEK, "thinking").tracker()
+    assert [tracker.after(t) for t in ["x", "</think>", "answer", "text", "more"]] == [()] * 5

@@ -219,6 +219,7 @@ def _submit(engine: _Engine, request: EngineRequest, prepared: Prepared, request
             images=prepared.images,
             report_start=i == 0 and request.stream and request.include_prompt_usage,
             session_key=request.session_key,
+            thinking_budget=prepared.thinking_budget,
         )
         for i in range(request.n)
     ]
@@ -249,6 +250,7 @@ class _Routes:
                 "n_ctx_per_slot": context.n_ctx_per_seq,
                 "kv_cells_total": context.n_ctx_per_seq * context.n_seq_max,
                 "vision": engine.projector is not None,
+                "reasoning_format": engine.prompts.reasoning.format,
                 **asdict(engine.scheduler.stats()),
             }
         )

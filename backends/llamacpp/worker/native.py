@@ -427,6 +427,10 @@ class Sampler:
         lib.llama_sampler_accept(self._chain, token)
         return token
 
+    def accept(self, token: int) -> None:
+        """Advance the chain's state (grammar, penalties) by a token it did not pick (a forced one)."""
+        lib.llama_sampler_accept(self._chain, token)
+
     def close(self) -> None:
         if self._chain is not None:
             lib.llama_sampler_free(self._chain)

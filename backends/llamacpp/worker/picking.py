@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from backends.llamacpp.worker.logprobs import LogprobAsk, step_logprobs
 from backends.llamacpp.worker.native import Model, Sampler
@@ -33,6 +33,9 @@ class Pick(NamedTuple):
     row: int
     logprobs: int | None = None
     temperature: float = 0.0
+    forced: list[int] | None = None
+    """Tokens to generate without sampling (a thinking budget's closing), the first one now: it is taken
+    off the list and the chain only accepts it."""
 
 
 class TokenPicker:
@@ -43,13 +46,13 @@ class TokenPicker:
     def pick(self, picks: Sequence[Pick], n_outputs: int) -> list[tuple[int, TokenLogprob | None]]:
         """The next token for each of `picks`, in order, with its entry when asked for (engine thread)."""
         logits = self._model.logits(n_outputs)
-        chained = [p for p in picks if p.sampler is not None]
+        chained = [p for p in picks if p.sampler is not None and not p.forced]
         sampled: Iterator[int]
         if self._pool is not None and len(chained) > 1:
             sampled = self._pool.map(self._sample, chained)  # submitted now; the argmaxes below run meanwhile
         else:
             sampled = iter([self._sample(p) for p in chained])
-        greedy = [greedy_token(logits[p.row], p.banned) if p.sampler is None else -1 for p in picks]
+        greedy = [self._unsampled(p, logits[p.row]) for p in picks]
         tokens = [next(sampled) if token < 0 else token for token in greedy]
         asks = [i for i, p in enumerate(picks) if p.logprobs is not None]
         entries: dict[int, TokenLogprob] = {}
@@ -61,6 +64,15 @@ class TokenPicker:
             )
             entries = dict(zip(asks, computed, strict=True))
         return [(token, entries.get(i)) for i, token in enumerate(tokens)]
+
+    def _unsampled(self, pick: Pick, row: Any) -> int:
+        """A forced token (accepted by the chain), the argmax of a plain greedy pick, or -1 (sample it)."""
+        if pick.forced:
+            token = pick.forced.pop(0)
+            if pick.sampler is not None:
+                pick.sampler.accept(token)
+            return token
+        return greedy_token(row, pick.banned) if pick.sampler is None else -1
 
     def _sample(self, pick: Pick) -> int:
         assert pick.sampler is not None

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
 from backends.llamacpp.worker.reasoning import (
+    HARMONY_ANALYSIS,
     NO_REASONING,
     THINK_OPEN,
     ReasoningSyntax,
     Start,
+    ThinkingBudget,
     after_thinking,
     select_reasoning,
 )
@@ -54,6 +56,7 @@ class Prepared:
     images: tuple[ImageSpan, ...] = ()
     reasoning: ReasoningSyntax = NO_REASONING
     reasoning_start: Start = "answer"  # where the output begins (`ReasoningStream`)
+    thinking_budget: ThinkingBudget | None = None
 
     @property
     def image_tokens(self) -> int:
@@ -118,7 +121,8 @@ class PromptBuilder:
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
             grammar, triggers = after_thinking(grammar, (), self.reasoning, start)
-            return self._prepared(tokens, grammar, start, triggers=triggers, images=images)
+            budget = request.thinking_budget_tokens
+            return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images)
         parallel = request.parallel_tool_calls is not False
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         if forced:
@@ -126,13 +130,16 @@ class PromptBuilder:
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
             grammar, triggers = after_thinking(*fmt.lazy_grammar(tools, parallel), self.reasoning, start)
         names = tuple(t.function.name for t in tools)
-        return self._prepared(tokens, grammar, start, triggers=triggers, images=images, tools=(fmt, names, forced))
+        tools_of = (fmt, names, forced)
+        budget = request.thinking_budget_tokens
+        return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images, tools=tools_of)
 
     def _prepared(
         self,
         tokens: list[int],
         grammar: str | None,
         start: Start,
+        budget: int | None,
         *,
         triggers: tuple[str, ...],
         images: tuple[ImageSpan, ...],
@@ -150,7 +157,15 @@ class PromptBuilder:
             images=images,
             reasoning=self.reasoning,
             reasoning_start=start,
+            thinking_budget=self._budget(budget, start),
         )
+
+    def _budget(self, limit: int | None, start: Start) -> ThinkingBudget | None:
+        """The engine's thinking budget for a limit N > 0 where the output may think."""
+        if not limit or start == "answer":
+            return None
+        closing = self._model.tokenize(self.reasoning.closing, add_special=False, parse_special=True)
+        return ThinkingBudget(limit, tuple(closing), self.reasoning, start)
 
     def _template_kwargs(self, request: EngineRequest) -> dict[str, object]:
         """The request's `chat_template_kwargs`; with a thinking budget of 0, the template's own switch
@@ -175,6 +190,8 @@ class PromptBuilder:
         needs_grammar = (forced and bool(request.active_tools)) or structured
         if needs_grammar and start == "open" and self.reasoning.format == "deepseek":
             return text + THINK_OPEN + "\n", "thinking"
+        if request.thinking_budget_tokens and start == "open" and self.reasoning.format == "harmony":
+            return text + HARMONY_ANALYSIS, "thinking"  # the budget counts the analysis channel from here
         return text, start
 
     def _with_images(

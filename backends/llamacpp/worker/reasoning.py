@@ -34,6 +34,7 @@ HARMONY_CHANNEL = "<|channel|>"
 HARMONY_MESSAGE = "<|message|>"
 HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
 HARMONY_START = "<|start|>"
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
 HARMONY_HEADER_LIMIT = 256
 """A harmony header longer than this without `<|message|>` is not one: the text is shown as answer."""
 
@@ -86,7 +87,7 @@ class ReasoningSyntax:
         if self.format == "deepseek" and tail.endswith(THINK_CLOSE):
             return "answer"  # the template skipped the thinking (Qwen3's enable_thinking=false)
         if self.format == "harmony" and tail.endswith(HARMONY_MESSAGE):
-            return "thinking" if prompt.rfind("<|channel|>analysis") > prompt.rfind(HARMONY_START) else "answer"
+            return "thinking" if tail.endswith(HARMONY_ANALYSIS) else "answer"
         return "open" if self.enabled else "answer"
 
 
@@ -100,6 +101,47 @@ def select_reasoning(template: str) -> ReasoningSyntax:
     if THINK_OPEN in template and THINK_CLOSE in template:
         return ReasoningSyntax("deepseek", "enable_thinking" if "enable_thinking" in template else None)
     return NO_REASONING
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """A request's thinking budget (`thinking_budget_tokens` N > 0), for the engine thread.
+
+    Once `limit` tokens were generated inside the thinking, the worker appends `closing` (the family's
+    closing text, tokenized) as forced tokens and the answer follows, as llama-server's `--reasoning-budget`
+    does. `tracker()` makes one sequence's counter.
+    """
+
+    limit: int
+    closing: tuple[int, ...]
+    syntax: ReasoningSyntax
+    start: Start
+
+    def tracker(self) -> BudgetTracker:
+        return BudgetTracker(self)
+
+
+class BudgetTracker:
+    """One sequence's thinking-token count (engine thread; plain Python, a few string operations a token)."""
+
+    def __init__(self, budget: ThinkingBudget) -> None:
+        self._budget = budget
+        self._stream = ReasoningStream(budget.syntax, budget.start)
+        self._spent = 0
+        self._closed = False
+
+    def after(self, text: str) -> tuple[int, ...]:
+        """The tokens to force next, given the text of the token just generated: the closing once the
+        budget is spent inside a still open thinking block, else nothing."""
+        if self._closed:
+            return ()
+        if self._stream.thinking:
+            self._spent += 1
+        self._stream.push(text)
+        if self._spent >= self._budget.limit and self._stream.thinking:
+            self._closed = True
+            return self._budget.closing
+        return ()
 
 
 def after_thinking(

@@ -383,15 +383,15 @@ class Scheduler:
         return handed
 
     def _pick(self, outputs: list[tuple[SeqState, int, int]], n_outputs: int) -> None:
-        slow = [(seq, row) for seq, _, row in outputs if seq.slow]
+        slow = [(seq, row) for seq, _, row in outputs if seq.slow and not seq.forced]  # forced: no sampling
         if slow:
             logits = self._model.logits(n_outputs)
             for seq, row in slow:
                 self._slow.submit(seq, logits[row])
-        outputs = [output for output in outputs if not output[0].slow]
+        outputs = [output for output in outputs if not output[0].slow or output[0].forced]
         picks = [
-            Pick(seq.sampler, seq.banned, index, row, seq.request.logprobs, seq.request.sampling.temperature)
-            for seq, index, row in outputs
+            Pick(seq.sampler, seq.banned, i, row, seq.request.logprobs, seq.request.sampling.temperature, seq.forced)
+            for seq, i, row in outputs
         ]
         for (seq, _, _), (token, entry) in zip(outputs, self._picker.pick(picks, n_outputs), strict=True):
             self._on_token(seq, token, entry)

@@ -85,6 +85,9 @@ class SeqState:
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(self.request.stop)
         self.logprobs = LogprobQueue() if self.request.logprobs is not None else None
+        budget = self.request.thinking_budget
+        self.budget = budget.tracker() if budget is not None else None
+        self.forced: list[int] = []  # tokens to generate next instead of sampling (the thinking's closing)
 
     @property
     def prefill_left(self) -> int:
@@ -117,6 +120,8 @@ class SeqState:
         if self.logprobs is not None and entry is not None:
             self.logprobs.add(entry, len(text))
         result = self.stops.push(text)
+        if self.budget is not None:  # a spent thinking budget: its closing tokens come next
+            self.forced += self.budget.after(result.text)
         return self._emitted(result.text, result.matched, final=False)
 
     def flush(self) -> Emitted:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backends.llamacpp.worker.reasoning import ThinkingBudget
 from backends.llamacpp.worker.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -76,6 +77,8 @@ class GenerationRequest:
     session_key: str | None = None
     """The gateway's session key (`EngineRequest.session_key`): the same key, the same conversation. Its
     slot's state is worth keeping in host memory (`prompt_cache.SavePolicy`)."""
+    thinking_budget: ThinkingBudget | None = None
+    """Close the thinking with forced tokens once this many tokens were generated inside it."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
