@@ -39,6 +39,9 @@ __all__ = ["RequestContext", "Service", "StreamSession", "Translate", "UnaryResu
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
 UNCAPPED_APIS = frozenset({"responses"})  # translated APIs that a model's default_max_tokens does not apply to
+CONTEXT_CLAMPED_APIS = frozenset({"messages"})
+"""APIs whose clients send a required limit sized for another model (Claude Code: `max_tokens` 64000): a limit
+over the context is served up to the context there, not refused (elsewhere it is a 400, as OpenAI answers)."""
 PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
@@ -120,6 +123,7 @@ class Service:
             sampling=deployment.sampling,
             embed_truncate=plan.embed_truncate,
             images=images,
+            context_tokens=None if plan.remote_url is not None or api in CONTEXT_CLAMPED_APIS else plan.context_tokens,
         )
 
     def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:
