@@ -9,6 +9,7 @@ gets the refused model's 503; the slow-body, disconnect and connection cases nee
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -21,14 +22,20 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.errors import GatewayError
 from gateway.ops.metrics import Metrics
+from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.parsing import parse_body
 from gateway.serving.browser import is_json, same_origin
+from gateway.serving.images import ImageBudget, ImageLimits, load_data_uri
+from gateway.translate.messages import client_image_param, to_chat
 from tests.conftest import REPO
 from tests.unit.test_hostile_inputs import MODEL, VALID
 from tests.unit.test_translated_routes import count
 
 CLIENTS = REPO / "tests" / "fixtures" / "clients"
 FOREIGN = "https://evil.example"
+PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()  # checked later: never decoded here
 HUGE = {"content-length": str(1 << 30), "content-type": "application/json"}  # refused before a byte is read
 
 
@@ -150,3 +157,37 @@ async def test_admin_actions_are_audited(http: httpx.AsyncClient, caplog: pytest
     assert [(line["action"], line["who"]) for line in lines] == [("reload", "127.0.0.1"), ("unload", "127.0.0.1")]
     assert lines[0]["status"] == 400 and "without a config file" in lines[0]["error"]
     assert lines[1]["model"] == MODEL and lines[1]["request_id"]
+
+
+@pytest.mark.parametrize("magic", [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"RIFF\x00\x00\x00\x00WEBPVP8 "])
+def test_a_corrupt_image_names_no_object_address(magic: bytes) -> None:
+    url = "data:;base64," + base64.b64encode(magic + b"\x00garbage" * 8).decode()
+    with pytest.raises(GatewayError) as caught:
+        load_data_uri(url, ImageBudget(ImageLimits()), param="p")
+    assert "corrupt" in caught.value.message or "not PNG" in caught.value.message, caught.value.message
+    assert " at 0x" not in caught.value.message and "BytesIO" not in caught.value.message, caught.value.message
+
+
+def test_a_messages_image_error_names_the_clients_block() -> None:
+    """Images keep their order through the translation, whatever moves around them (system prompts, tool
+    results split into their own chat messages): the n-th chat image part is the client's n-th image."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}}
+    body = {
+        "model": MODEL, "max_tokens": 8, "system": "be brief",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, image]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                                         {"type": "text", "text": "and"}, image]},
+        ],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    }  # fmt: skip
+    req = parse_body(json.dumps(body).encode(), MessagesRequest, dotted=True)
+    chat = to_chat(req)
+    chat_params = [
+        f"messages[{i}].content[{j}].image_url" for i, m in enumerate(chat.messages) for j, _ in m.image_parts()
+    ]
+    assert len(chat_params) == 2
+    assert client_image_param(chat_params[1] + ".url", chat, req) == "messages.2.content.2.source"
+    assert client_image_param(chat_params[0], chat, req) == "messages.0.content.1.source"
+    assert client_image_param("max_tokens", chat, req) is None
