@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -98,7 +102,29 @@ class RequestBodyMiddleware:
         async def body_send(message: Message) -> None:  # a response before the body's end closes (a 401, say)
             await (_closing(send) if failed or not complete else send)(message)
 
-        await self.app(scope, body_receive, body_send)
+        try:
+            await self.app(scope, body_receive, body_send)
+        finally:
+            if received >= TRIM_AFTER_BYTES:
+                await asyncio.to_thread(release_memory)
+
+
+TRIM_AFTER_BYTES = 1 << 20
+"""A request whose body was at least this large hands the heap it freed back to the OS when it ends."""
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6") if sys.platform == "linux" else None
+
+
+def release_memory() -> None:
+    """Collect garbage cycles, then return freed heap memory to the OS (glibc's `malloc_trim`; nothing
+    elsewhere). A burst of large bodies otherwise leaves the gateway's RSS where the burst took it (4 x 8 MB
+    prompts: 96 MiB idle, 208 MiB after; with this, 95 MiB): a refused request's traceback keeps its frames
+    and their copies of the body alive until the cycle collector runs, and glibc keeps freed chunks in its
+    arenas (its mmap threshold rises with the first large free, so later large allocations come from the
+    heap). Runs on a thread, after a body of `TRIM_AFTER_BYTES` or more: tens of milliseconds, rarely."""
+    gc.collect()  # a refusal's traceback holds its frames, and with them the body, until the cycle collector runs
+    trim = getattr(_LIBC, "malloc_trim", None)  # musl has none
+    if trim is not None:
+        trim(0)
 
 
 def _closing(send: Send) -> Send:
