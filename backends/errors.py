@@ -27,6 +27,9 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BODY_TOO_LARGE = "request_too_large"
+    REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive within server.body_timeout_s
+    CLIENT_CLOSED = "client_closed"  # the client left before its request was read (status 499: nobody sees it)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a POST body not declared as JSON
     RATE_LIMITED = "rate_limit_exceeded"
     QUEUE_FULL = "queue_full"
     WORKER_LOADING = "worker_loading"
@@ -50,6 +53,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.REQUEST_TIMEOUT: 408,
+    ErrorCode.CLIENT_CLOSED: 499,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.QUEUE_FULL: 429,
     ErrorCode.WORKER_LOADING: 503,

@@ -19,7 +19,7 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
 
 class RequestKind(StrEnum):
@@ -37,14 +37,18 @@ ENGINE_PATHS = {RequestKind.CHAT: "/v1/chat/completions", RequestKind.COMPLETION
 # -- bounds shared with the gateway's wire types ----------------------------------------------------------
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(ge=0, le=1)]  # 0: OpenAI's minimum, keeps only the most likely token
-TopK = Annotated[int, Field(ge=0)]
+# A count is a JSON integer: `true` is not 1 and `2.0` is not 2 (`Strict`: pydantic's lax mode takes both).
+Count = Annotated[int, Strict()]
+TopK = Annotated[int, Strict(), Field(ge=0)]
 MinP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 RepetitionPenalty = Annotated[float, Field(gt=0, le=10)]
-MaxTokens = Annotated[int, Field(ge=1)]
-TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+MaxTokens = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+TopLogprobs = Annotated[int, Strict(), Field(ge=0, le=20)]
 LogitBias = Annotated[float, Field(ge=-100, le=100)]
-Choices = Annotated[int, Field(ge=1, le=16)]
+Choices = Annotated[int, Strict(), Field(ge=1, le=16)]
+Seed = Annotated[int, Strict(), Field(ge=-(2**63), le=2**63 - 1)]  # int64, as OpenAI's API and the engines take it
+TokenId = Annotated[int, Strict(), Field(ge=0)]  # a token id: an integer, never a bool or a float
 StopString = Annotated[str, Field(min_length=1)]
 
 STOP_LIMIT = 16
@@ -199,7 +203,7 @@ class EngineRequest(_Frozen):
     top_p: TopP | None = None
     top_k: TopK | None = None
     min_p: MinP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
@@ -334,7 +338,7 @@ class EngineEmbeddingRequest(_Frozen):
     """
 
     model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     normalize: bool = True

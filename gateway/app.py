@@ -45,7 +45,8 @@ from gateway.routes import admin, inference, messages, models, ops, responses, u
 from gateway.routes.context import AppContext
 from gateway.routes.direct import DirectDispatch
 from gateway.serving.admission import Admission
-from gateway.serving.middleware import BodyLimitMiddleware, RequestEdgeMiddleware
+from gateway.serving.browser import BrowserGuardMiddleware
+from gateway.serving.middleware import RequestBodyMiddleware, RequestEdgeMiddleware
 from gateway.serving.service import Service
 from gateway.serving.vision_parts import ImageIntake
 from gateway.translate.messages import anthropic_error_body
@@ -194,8 +195,12 @@ def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
 
 
 def _edges(app: ASGIApp, config: Config, metrics: Metrics) -> ASGIApp:
-    """The gateway's middlewares, outermost last: request id and error boundary → CORS → body limit → `app`."""
-    app = BodyLimitMiddleware(app, max_bytes=config.server.max_body_bytes, render=_render_error)
+    """The gateway's middlewares, outermost last: request id, error boundary and accounting → CORS → browser
+    guard (JSON bodies, foreign origins) → body size and time → `app`."""
+    app = RequestBodyMiddleware(
+        app, max_bytes=config.server.max_body_bytes, timeout_s=config.server.body_timeout_s, render=_render_error
+    )
+    app = BrowserGuardMiddleware(app, config.server.cors_origins, render=_render_error)
     if config.server.cors_origins:  # browser frontends served from another origin
         app = CORSMiddleware(
             app,

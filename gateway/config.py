@@ -166,6 +166,10 @@ class ServerSettings(_Spec):
     responses_max_rows: int | None = Field(
         default=100_000, ge=1, description="most stored Responses; the least recently used go first (null: no limit)"
     )
+    # Hostile clients (issue 35): the request read.
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="a request body not complete this long after its headers gets 408 (closed)"
+    )
 
 
 class PromptCacheSettings(_Spec):

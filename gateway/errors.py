@@ -35,6 +35,7 @@ NEVER_RETRY = {
     ErrorCode.NOT_FOUND,
     ErrorCode.METHOD_NOT_ALLOWED,
     ErrorCode.BODY_TOO_LARGE,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
 }
 
 MAX_RETRY_AFTER_S = 60

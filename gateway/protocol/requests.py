@@ -25,6 +25,7 @@ from backends.request import (
     MAX_INPUTS,
     STOP_LIMIT,
     Choices,
+    Count,
     EngineEmbeddingRequest,
     EngineRequest,
     LogitBias,
@@ -34,8 +35,10 @@ from backends.request import (
     RepetitionPenalty,
     RequestKind,
     ResponseFormat,
+    Seed,
     StopString,
     Temperature,
+    TokenId,
     Tool,
     ToolChoice,
     TopK,
@@ -97,7 +100,7 @@ class _Sampling(BaseModel):
     top_p: TopP | None = None
     n: Choices | None = None
     stop: StopString | list[StopString] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[Annotated[int, Field(ge=0)], LogitBias] | None = None
@@ -352,8 +355,8 @@ def _message_problems(messages: list[Any]) -> list[tuple[str, str]]:
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     echo: bool | None = None
-    best_of: int | None = Field(default=None, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: Count | None = Field(default=None, ge=1)
+    logprobs: Count | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
@@ -392,9 +395,9 @@ class CompletionRequest(_Sampling):
 
 class EmbeddingRequest(_Body):
     model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: Count | None = Field(default=None, ge=1)
     user: str | None = None
     stream: Literal[False] = False  # embeddings are never streamed: `stream: true` is a 400
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import EngineCapabilities
-from backends.request import MAX_INPUTS, EngineRerankRequest, RequestKind
+from backends.request import MAX_INPUTS, Count, EngineRerankRequest, RequestKind
 from gateway.protocol.parsing import parse_body
 from gateway.serving.engine_requests import EngineTarget, check_kind
 
@@ -29,7 +29,7 @@ class RerankRequest(BaseModel):
     model: str = Field(min_length=1)
     query: str
     documents: list[str] = Field(min_length=1, max_length=MAX_DOCUMENTS)
-    top_n: int | None = Field(default=None, ge=1)
+    top_n: Count | None = Field(default=None, ge=1)
     return_documents: bool = False
     stream: Literal[False] = False  # a ranking is one answer: `stream: true` is a 400
 

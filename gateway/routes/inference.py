@@ -57,17 +57,17 @@ def render(result: UnaryResult | StreamSession) -> Response:
 async def begin(
     request: Request, kind: RequestKind, *, api: str | None = None
 ) -> tuple[AppContext, RequestContext, bytes]:
-    """Authenticate (a bearer key or Anthropic's `x-api-key`) and read the body; a refusal here is accounted
+    """Authenticate (a bearer key or Anthropic's `x-api-key`), then read the body; a refusal here is accounted
     like every other. `api` names a translated API riding on `kind` (the endpoint label)."""
     app: AppContext = app_context(request)
     ctx = RequestContext(request_id=request.state.request_id, principal=ANONYMOUS, started=time.monotonic(),
                          kind=kind, api=api)  # fmt: skip
     request.scope.setdefault("state", {})[CONTEXT_KEY] = ctx  # accounted once, even by the error boundary
     raw = b""
-    try:
-        raw = await request.body()
+    try:  # the key from the headers first: a caller without one never gets its body read
         ctx.principal = app.keys.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
         app.check_accepting()
+        raw = await request.body()  # bounded in size and time: `gateway.serving.middleware.RequestBodyMiddleware`
     except GatewayError as exc:
         app.service.refused(ctx, exc, model_hint(raw))
         raise

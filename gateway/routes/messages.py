@@ -74,6 +74,9 @@ async def _submit(
     try:
         return req, await app.service.handle(chat, request, ctx, translate=lambda body: render(req, body))
     except GatewayError as exc:  # accounted by the service; it names chat parameters
+        image = messages.client_image_param(exc.param, chat, req)
+        if image is not None:  # an image's error names the client's block, not just `messages`
+            raise GatewayError(exc.code, exc.message, param=image, status=exc.status) from None
         raise renamed(exc, MESSAGES) from None
 
 

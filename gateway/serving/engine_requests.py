@@ -27,6 +27,8 @@ class EngineTarget:
     for the translated APIs that OpenAI does not cap, such as Responses), `max_tokens_cap` is the server's
     cap (a request over it is a 400, or with `clamp` served with the cap); `sampling` holds the model's
     defaults for the fields a request leaves out; `embed_truncate` cuts over-long embedding inputs.
+    `context_tokens` is the model's context per request (None when unknown: a remote endpoint's): a request
+    for more output than it holds can never be served, and is a 400 naming its parameter, as OpenAI answers.
     """
 
     model: str
@@ -37,12 +39,17 @@ class EngineTarget:
     embed_truncate: bool = False
     images: tuple[EngineImage, ...] = ()  # the request's images, checked by `gateway.serving.vision_parts`
     reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
+    context_tokens: int | None = None
 
     def max_tokens(self, requested: int | None, param: str = "max_tokens") -> int | None:
         """max_tokens for the engine: the request's (`param` names the field it came in), else the model's
         default, else the server's cap; a request over the cap is a 400 naming `param`, or (`clamp`) is
-        served with the cap."""
+        served with the cap; a request over the context is a 400 naming `param` whatever `clamp` says."""
         cap = self.max_tokens_cap
+        if requested is not None and self.context_tokens is not None and requested > self.context_tokens:
+            message = (f"{param} is too large: {requested}. This model's context holds {self.context_tokens} tokens, "
+                       "prompt and output together")  # fmt: skip
+            raise GatewayError(ErrorCode.INVALID_REQUEST, message, param=param)
         if requested is not None and cap is not None and requested > cap:
             if self.clamp:
                 return cap

@@ -90,6 +90,9 @@ class ImageInput:
         return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode('ascii')}"
 
 
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def _invalid(message: str, param: str | None) -> GatewayError:
     return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param)
 
@@ -186,7 +189,8 @@ def _checked_pixels(data: bytes, fmt: ImageFormat, limits: ImageLimits, param: s
                 f"the image has more than the {limits.max_pixels} pixels this gateway decodes", param
             ) from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, IndexError) as exc:
-            raise _invalid(f"the {MEDIA_TYPES[fmt]} image is truncated or corrupt ({exc})", param) from None
+            reason = _OBJECT_REPR.sub("the image", str(exc))  # Pillow names its file object: no address leaks
+            raise _invalid(f"the {MEDIA_TYPES[fmt]} image is truncated or corrupt ({reason})", param) from None
     return width, height
 
 

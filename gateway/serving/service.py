@@ -45,6 +45,9 @@ UNCAPPED_APIS = frozenset({"responses"})  # translated APIs that a model's defau
 TASKS: dict[RequestKind, Task] = {RequestKind.CHAT: "generate", RequestKind.COMPLETION: "generate",
                                   RequestKind.EMBEDDING: "embed", RequestKind.RERANK: "rerank"}  # fmt: skip
 """The model task a request kind needs: an alias pattern reaches only a model of it (`Registry.resolve`)."""
+CONTEXT_CLAMPED_APIS = frozenset({"messages"})
+"""APIs whose clients send a required limit sized for another model (Claude Code: `max_tokens` 64000): a limit
+over the context is served up to the context there, not refused (elsewhere it is a 400, as OpenAI answers)."""
 PROGRESS_HEADER = "x-voltgate-progress"  # `data`: loading-progress chunks for this stream (server.load_progress)
 
 
@@ -146,6 +149,7 @@ class Service:
             embed_truncate=plan.embed_truncate,
             images=images,
             reasoning=deployment.reasoning,
+            context_tokens=None if plan.remote_url is not None or api in CONTEXT_CLAMPED_APIS else plan.context_tokens,
         )
 
     def refused(self, ctx: RequestContext, exc: GatewayError, model: str | None) -> None:

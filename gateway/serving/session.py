@@ -83,11 +83,12 @@ def account(
     """Count a request and write its one access-log line (every request that reached a route). `model` is the
     metric label (a configured model, or "unknown"); the log line keeps the name the body gave, `named`, when
     that is no configured model, so a refused request can be traced to what it asked for. A status of 400 or
-    more also goes to the recent errors the status page shows, with `error`'s code and message."""
+    more also goes to the recent errors the status page shows, with `error`'s code and message (but a client
+    that left before its body ended: a thousand of them would push every real error off the page)."""
     ctx.accounted = True
     endpoint = ctx.api or ctx.kind.value
     metrics.requests.labels(model, endpoint, str(status)).inc()
-    if status >= 400:
+    if status >= 400 and (error is None or error.code is not ErrorCode.CLIENT_CLOSED):  # nobody's bug
         metrics.activity.error(
             request_id=ctx.request_id, model=model, endpoint=endpoint, status=status,
             code=error.code.value if error is not None else ("client_closed" if status == CLIENT_GONE else None),

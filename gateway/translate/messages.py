@@ -99,6 +99,25 @@ def _user(blocks: list[Block]) -> list[Message]:
     return out
 
 
+def client_image_param(
+    param: str | None, chat: ChatCompletionRequest, req: MessagesRequest | CountTokensRequest
+) -> str | None:
+    """The client's path (`messages.2.content.1.source`) of the image that the chat path's `param` names
+    (`messages[3].content[0].image_url...`), or None when `param` names no image part. Images keep their
+    order through the translation (only user turns hold them), so the n-th chat image part is the n-th
+    image block the client sent, though the message indices differ."""
+    chat_images = [
+        f"messages[{i}].content[{j}].image_url" for i, m in enumerate(chat.messages) for j, _ in m.image_parts()
+    ]
+    ordinal = next((n for n, p in enumerate(chat_images) if param is not None and param.startswith(p)), None)
+    client_images = [
+        f"messages.{i}.content.{j}.source"
+        for i, turn in enumerate(req.messages) if isinstance(turn.content, list)
+        for j, block in enumerate(turn.content) if isinstance(block, ImageBlock)
+    ]  # fmt: skip
+    return client_images[ordinal] if ordinal is not None and ordinal < len(client_images) else None
+
+
 def _assistant(blocks: list[Block]) -> AssistantMessage:
     text: list[ContentPart] = [TextPart(type="text", text=b.text) for b in blocks if isinstance(b, TextBlock)]
     calls = [

@@ -90,7 +90,11 @@ def test_request_id_is_echoed_or_made(gateway: Gateway) -> None:
 
 def test_connection_stays_usable_after_errors(gateway: Gateway) -> None:
     with httpx.Client(base_url=gateway.base_url, timeout=60) as client:
-        assert client.post("/chat/completions", content=b"nope").status_code == 400
+        assert client.post("/chat/completions", content=b"nope").status_code == 415  # not declared as JSON
+        assert (
+            client.post("/chat/completions", content=b"nope", headers={"content-type": "application/json"}).status_code
+            == 400
+        )
         assert client.post("/chat/completions", json={"model": "x", "messages": HELLO}).status_code == 404
         ok = client.post("/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 2})
         assert ok.status_code == 200

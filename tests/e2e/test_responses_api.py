@@ -221,9 +221,12 @@ def test_a_stored_response_survives_a_restart_and_belongs_to_its_key(persistent:
         with pytest.raises(openai.AuthenticationError):
             gateway.client(api_key="vg-wrong").responses.create(model=MODEL, input="hi", max_output_tokens=4)
         samples = scrape(gateway)
-        assert metric(samples, "voltgate:requests_total", endpoint="responses", status="200") == 1
+        assert metric(samples, "voltgate:requests_total", endpoint="responses", status="200", model=MODEL) == 1
         assert metric(samples, "voltgate:requests_total", endpoint="responses", status="400") == 1
         assert metric(samples, "voltgate:requests_total", endpoint="responses", status="401") == 1
+        # The retrievals are counted too (every request is, issue 35), under no model: alice's 200, bob's 404.
+        assert metric(samples, "voltgate:requests_total", endpoint="responses", status="200", model="unknown") == 1
+        assert metric(samples, "voltgate:requests_total", endpoint="responses", status="404") == 1
     finally:
         stop_gateway(gateway)
     assert (config.parent / "data" / "responses.sqlite3").is_file()

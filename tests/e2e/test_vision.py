@@ -261,3 +261,5 @@ def test_anthropic_errors_for_images_come_in_anthropics_shape(gateway: Gateway) 
         error = response.json()
         assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
         assert expected in error["error"]["message"]
+        if model == VLM:  # named by the client's block, not only `messages` (issue 35)
+            assert error["error"]["message"].startswith("messages.0.content.0.source"), error

@@ -21,21 +21,30 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.ops.auth import hash_key
+from gateway.ops.metrics import Metrics
 from gateway.serving.connections import ClientConnections, server_options
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
 SOCKET_TIMEOUT_S = 10.0
+KEY = "vg-test-key"
+BIG = b" " * 256 * 1024  # more than a socket buffer holds: unread when the server answers
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 
 
 @contextlib.contextmanager
 def serving(
-    tmp_path: Path, *, header_timeout_s: float = 0.5, idle_timeout_s: float = 1.0, max_per_client: int | None = 8
-) -> Iterator[int]:
-    cfg = Config.model_validate({"server": {"data_dir": str(tmp_path / "d")}, "auth": {"keys_env": None},
-                                 "models": [{"name": "m", "sources": [{"gguf": "/x.gguf"}]}]})  # fmt: skip
-    app = create_app(cfg, [], refused={"m": "no"})
+    tmp_path: Path, *, header_timeout_s: float = 0.5, idle_timeout_s: float = 1.0, max_per_client: int | None = 8,
+    body_timeout_s: float = 60.0, metrics: Metrics | None = None, keyed: bool = False,
+) -> Iterator[int]:  # fmt: skip
+    auth = {"keys_env": None, "keys": [{"id": "k", "sha256": hash_key(KEY)}] if keyed else []}
+    server = {"data_dir": str(tmp_path / "d"), "body_timeout_s": body_timeout_s}
+    cfg = Config.model_validate(
+        {"server": server, "auth": auth, "models": [{"name": "m", "sources": [{"gguf": "/x.gguf"}]}]}
+    )
+    app = create_app(cfg, [], refused={"m": "no"}, metrics=metrics)
 
     async def boom() -> None:
         raise RuntimeError("a bug")
@@ -170,3 +179,86 @@ def test_a_500_keeps_the_keep_alive_connection_usable(tmp_path: Path) -> None:
         assert b'"code":"internal_error"' in body
         sock.sendall(request("/health"))
         assert read_response(sock)[0] == 200
+
+
+def chat_head(length: int | None, *, key: str | None = None) -> bytes:
+    """A chat POST's request line and headers: `Content-Length: length`, or chunked when None."""
+    framing = "transfer-encoding: chunked" if length is None else f"content-length: {length}"
+    auth = f"authorization: Bearer {key}\r\n" if key else ""
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\ncontent-type: application/json\r\n{auth}{framing}"
+    return (head + "\r\n\r\n").encode()
+
+
+def count(metrics: Metrics, status: int) -> float:
+    return sum(s.value for family in metrics.registry.collect() if family.name == "voltgate:requests"
+               for s in family.samples if s.name.endswith("_total") and s.labels["status"] == str(status))  # fmt: skip
+
+
+@pytest.mark.parametrize("body", [b'5\r\n{"mod\r\n', CHAT[:20]], ids=["chunked-without-end", "short-content-length"])
+def test_a_body_that_never_ends_gets_408_and_is_closed(tmp_path: Path, body: bytes) -> None:
+    metrics = Metrics(gpu=False)
+    with serving(tmp_path, header_timeout_s=5.0, body_timeout_s=0.5, metrics=metrics) as port, connect(port) as sock:
+        sock.sendall(chat_head(None if body.startswith(b"5") else len(CHAT)) + body)
+        status, headers, payload = read_response(sock)
+        assert status == 408 and headers["connection"] == "close" and headers["x-request-id"], payload
+        assert b'"code":"request_timeout"' in payload
+        assert closed_after(sock) < SOCKET_TIMEOUT_S
+    assert count(metrics, 408) == 1
+
+
+def test_a_client_leaving_mid_body_is_a_499_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics(gpu=False)
+    with serving(tmp_path, header_timeout_s=5.0, body_timeout_s=30.0, metrics=metrics) as port:
+        for _ in range(3):
+            with connect(port) as sock:
+                sock.sendall(chat_head(len(CHAT)) + CHAT[:10])
+                time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while count(metrics, 499) < 3:
+            assert time.monotonic() < deadline, "the abandoned bodies were not accounted"
+            time.sleep(0.05)
+    assert count(metrics, 500) == 0
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+    assert metrics.activity.errors() == []  # not on the status page's recent errors
+
+
+def test_the_key_is_checked_before_the_body_is_read(tmp_path: Path) -> None:
+    with serving(tmp_path, header_timeout_s=5.0, body_timeout_s=30.0, keyed=True) as port, connect(port) as sock:
+        sock.sendall(chat_head(1_000_000, key="wrong"))  # a body announced, never sent
+        status, headers, payload = read_response(sock)  # answered now, not after the body timeout
+        assert status == 401 and headers["connection"] == "close", payload
+        assert closed_after(sock) < SOCKET_TIMEOUT_S
+
+
+def test_refused_connections_all_read_their_429(tmp_path: Path) -> None:
+    """Each refused client sends its request at once, as a real one does: the answer comes before any reset."""
+    with serving(tmp_path, header_timeout_s=30.0, idle_timeout_s=30.0, max_per_client=2) as port:
+        held = [connect(port) for _ in range(2)]
+        try:
+            for _ in range(40):
+                with connect(port) as extra:
+                    with contextlib.suppress(OSError):  # a body still unread when the server closes
+                        extra.sendall(chat_head(len(BIG)) + BIG)
+                    status, _, body = read_response(extra)
+                    assert status == 429 and b"too many open connections" in body
+        finally:
+            for sock in held:
+                sock.close()
+
+
+@pytest.mark.parametrize("what", ["header", "headers", "request-line"])
+def test_requests_the_server_cannot_parse_get_a_400_envelope(tmp_path: Path, what: str) -> None:
+    big = "x" * (1 << 20)
+    raw = {
+        "header": f"GET /health HTTP/1.1\r\nHost: test\r\nx-big: {big}\r\n\r\n",
+        "headers": "GET /health HTTP/1.1\r\nHost: test\r\n" + f"x-h: {'y' * 100}\r\n" * 10_000 + "\r\n",
+        "request-line": f"GET /{big} HTTP/1.1\r\nHost: test\r\n\r\n",
+    }[what].encode()
+    with serving(tmp_path, header_timeout_s=5.0) as port, connect(port) as sock:
+        with contextlib.suppress(OSError):  # the server may shut its side before all of it is sent
+            sock.sendall(raw)
+        status, headers, body = read_response(sock)
+        assert status == 400 and headers["content-type"] == "application/json" and headers["x-request-id"]
+        assert b'"type": "invalid_request_error"' in body

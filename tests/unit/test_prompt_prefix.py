@@ -115,7 +115,7 @@ async def test_the_service_sends_the_key_and_the_neutralised_prompt_and_counts_t
     h = Harness()
     h.service.prompt_cache = PromptCacheSettings(claude_code_billing_header=switch, session_key=switch)
     chat = to_chat(MessagesRequest.model_validate({**claude_request(), "model": "smol", "stream": False}))
-    ctx = RequestContext(request_id="r", principal=OPEN, started=0.0,
+    ctx = RequestContext(request_id="r", principal=OPEN, started=0.0, api="messages",
                          session_key=hash_key("metadata.user_id", "u"))  # fmt: skip
     await h.service.handle(chat, _request(), ctx)
     sent = h.engine.received[-1]

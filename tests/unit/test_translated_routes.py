@@ -105,8 +105,9 @@ async def test_responses_refusals_are_openai_errors_counted_as_responses(tmp_pat
         assert response.status_code == status, response.text
         assert_matches_openai("ErrorResponse", response.json())
         assert response.json()["error"]["param"] == param
-    assert count(metrics, "responses", 401) == 1
-    assert count(metrics, "responses", 400) == 2
+    assert count(metrics, "responses", 401) == 2  # the POST's and the anonymous GET's: every request is counted
+    assert count(metrics, "responses", 404) == 3
+    assert count(metrics, "responses", 400) == 3  # the GET's bad limit too
     assert count(metrics, "responses", 503) == 2
     assert count(metrics, "chat", 400) == 0
 

@@ -30,6 +30,7 @@ from backends.llamacpp.worker.httpkit import (
 )
 from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.output import ChatOutput
+from backends.llamacpp.worker.prompt_bound import check_prompt_bytes, longest_token_bytes
 from backends.llamacpp.worker.prompt_cache import PromptCache, SavePolicy
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.reasoning import ReasoningStream
@@ -78,6 +79,7 @@ class _Engine:
             self.model.close()
             raise
         self.prompts = PromptBuilder(self.model, self.projector)
+        self.longest_token = longest_token_bytes(self.model)  # the prompt byte bound's divisor (prompt_bound)
         self.scheduler = Scheduler(
             self.model,
             slots=spec.context.n_seq_max,
@@ -159,7 +161,8 @@ class _WorkerState:
             self.engine = engine
         ctx = self.spec.context
         log.info(
-            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s%s)",
+            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s%s"
+            " longest_token=%dB)",
             self.spec.model_name,
             self.spec.model_path,
             time.monotonic() - started,
@@ -172,6 +175,7 @@ class _WorkerState:
             f" mmproj={self.spec.mmproj}" if self.spec.mmproj else "",
             " fill_gaps" if self.spec.fill_gaps else "",
             f" sampling_threads={self.spec.sampling_threads}" if self.spec.sampling_threads > 1 else "",
+            engine.longest_token,
         )
 
     def close(self) -> None:
@@ -274,6 +278,7 @@ class _Routes:
             return loading().response()
         try:
             engine_request = _validate(await request.body(), kind)
+            check_prompt_bytes(engine_request, engine.longest_token, self.spec.context.n_ctx_per_seq)
             prepared = await _prepare(engine, engine_request)
             _check_length(prepared, self.spec.context.n_ctx_per_seq, kind)
             request_id = new_id(kind)
