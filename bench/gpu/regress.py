@@ -100,11 +100,13 @@ def llama_server_argv(worker: Sequence[str], port: int, binary: str = "llama-ser
     `-c` is the total, split over `-np`), layers, KV type, flash attention, threads; its host prompt cache off."""
     slots = int(_flag(worker, "--slots", "1") or 1)
     ctx = int(_flag(worker, "--ctx", "4096") or 4096)
-    cache = _flag(worker, "--cache-type", "f16") or "f16"
-    cache = "f16" if cache == "auto" else cache
+    layers = _flag(worker, "--n-gpu-layers", "0")
+    cache = _flag(worker, "--cache-type", "auto") or "auto"
+    if cache == "auto":  # the worker's auto: bf16 on the CPU, f16 with layers on a GPU
+        cache = "bf16" if layers == "0" else "f16"
     argv = [binary, "-m", str(_flag(worker, "--model")), "--alias", str(_flag(worker, "--model-name")),
             "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c", str(slots * ctx),
-            "-ngl", _layers(_flag(worker, "--n-gpu-layers", "0")),
+            "-ngl", _layers(layers),
             "-b", str(_flag(worker, "--n-batch", "512")), "-ctk", cache, "-ctv", cache,
             "-fa", "off" if "--no-flash-attn" in worker else "on", "--cache-ram", "0", "--no-webui"]  # fmt: skip
     threads = _flag(worker, "--n-threads")
@@ -127,12 +129,14 @@ def with_port(argv: Sequence[str], port: int) -> list[str]:
     return out
 
 
-def _served(name: str, argv: list[str], log_dir: Path, health: str, model: str, timeout_s: float = 900) -> Served:
+def _served(
+    name: str, argv: list[str], log_dir: Path, health: str, model: str, env: dict[str, str] | None = None
+) -> Served:
     port = int(_flag(argv, "--port") or _flag(argv, "--server-port") or 0)
-    proc = ManagedProcess(name, argv, log_dir=log_dir).start()
+    proc = ManagedProcess(name, argv, log_dir=log_dir, env=env).start()
     root = f"http://127.0.0.1:{port}"
     try:
-        proc.wait_http(root + health, timeout_s)
+        proc.wait_http(root + health, 900)
     except BaseException:
         proc.stop()
         raise
@@ -156,12 +160,14 @@ def start_llama_server(worker: Callable[[], list[str]], name: str, binary: str) 
     return start
 
 
-def engine_child_argv(gateway_pid: int, marker: str) -> list[str]:
-    """The command line of the engine process a gateway launched (the first descendant whose argv has `marker`)."""
+def engine_child(gateway_pid: int, marker: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and the CUDA settings of the engine process a gateway launched (the first descendant
+    whose argv has `marker`), so B can start it exactly so; the worker's launch secret is left behind."""
     for child in psutil.Process(gateway_pid).children(recursive=True):
         cmdline = child.cmdline()
         if any(marker in arg for arg in cmdline):
-            return cmdline
+            env = {k: v for k, v in child.environ().items() if k.startswith("CUDA_")}
+            return cmdline, env
     raise RuntimeError(f"no process with {marker!r} under gateway pid {gateway_pid}")
 
 
@@ -174,7 +180,7 @@ def start_gateway_capturing(config_path: Path, pair: Pair, marker: str, *, gpus:
         if gpus:
             config["gpus"] = gpus
         served = start_gateway("gateway", config, log_dir=log_dir, timeout_s=900, gpus=bool(gpus))
-        pair.captured["argv"] = engine_child_argv(served.pid, marker)
+        pair.captured["argv"], pair.captured["env"] = engine_child(served.pid, marker)
         pair.captured["model"] = served.model
         return served
 
@@ -186,7 +192,7 @@ def start_captured(pair: Pair, health: str) -> Starter:
 
     def start(log_dir: Path) -> Served:
         argv = with_port(pair.captured["argv"], free_port())
-        return _served("direct", argv, log_dir, health, pair.captured["model"])
+        return _served("direct", argv, log_dir, health, pair.captured["model"], pair.captured["env"])
 
     return start
 

@@ -110,3 +110,9 @@ def test_an_engine_argv_captured_from_a_gateway_gets_a_port_of_its_own() -> None
     tm = ["python3", "-m", "lmdeploy", "serve", "api_server", "/m", "--server-port", "41000", "--tp", "1"]
     assert with_port(tm, 9300) == [*tm[:7], "9300", "--tp", "1"]
     assert with_port(["w", "--port", "1"], 2) == ["w", "--port", "2"]
+
+
+def test_llama_server_on_the_cpu_gets_the_workers_automatic_bf16_kv_and_no_gpu_layers() -> None:
+    worker = worker_argv(Path("/m/s.gguf"), "s", 9100, slots=4, ctx=1024, gpu=False, threads=2)
+    flags = dict(zip(llama_server_argv(worker, 9200)[1::2], llama_server_argv(worker, 9200)[2::2], strict=False))
+    assert (flags["-ngl"], flags["-ctk"], flags["-t"], flags["-c"]) == ("0", "bf16", "2", "4096")
