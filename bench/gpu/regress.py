@@ -108,7 +108,7 @@ def llama_server_argv(worker: Sequence[str], port: int, binary: str = "llama-ser
             "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c", str(slots * ctx),
             "-ngl", _layers(layers),
             "-b", str(_flag(worker, "--n-batch", "512")), "-ctk", cache, "-ctv", cache,
-            "-fa", "off" if "--no-flash-attn" in worker else "on", "--cache-ram", "0", "--no-webui"]  # fmt: skip
+            "-fa", "off" if "--no-flash-attn" in worker else "on", "--cache-ram", "0"]  # fmt: skip
     threads = _flag(worker, "--n-threads")
     if threads:
         argv += ["-t", threads]
