@@ -26,7 +26,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,29 +278,35 @@ def abba(reps: int) -> list[tuple[int, str]]:
 
 
 def run_kind(
-    targets: dict[str, str], kind: SessionKind, reps: int, off_turns: Sequence[int], spec: ReplaySpec
-) -> list[SessionResult]:
-    """One kind of session, caching on and off in ABBA order; an off run replays the last on run's requests
-    (the first rep's, when it comes first), so both modes send identical prompts."""
-    results: list[SessionResult] = []
+    targets: dict[str, str],
+    kind: SessionKind,
+    reps: int,
+    off_turns: Sequence[int],
+    spec: ReplaySpec,
+    save: Callable[[SessionResult], None],
+) -> None:
+    """One kind of session, caching on and off in ABBA order, each result handed to `save` as it ends. An off
+    run replays the last on run's requests (the first rep's, when it comes first), so both modes send
+    identical prompts."""
     sent: list[Turn] = []
     pending_off: list[int] = []
+
+    def done(result: SessionResult) -> None:
+        save(result)
+        print("\n".join(session_table(result)) + "\n", file=sys.stderr, flush=True)
+
     for rep, cache in abba(reps):
         if cache == "on" and "on" in targets:
             result, sent = asyncio.run(run_session(targets["on"], kind, rep, spec))
-            results.append(result)
+            done(result)
             for off_rep in pending_off:  # an off run that came first in its pair, now that prompts exist
-                results.append(asyncio.run(replay_uncached(targets["off"], kind, off_rep, sent, off_turns, spec)))
+                done(asyncio.run(replay_uncached(targets["off"], kind, off_rep, sent, off_turns, spec)))
             pending_off = []
         elif cache == "off" and "off" in targets and off_turns:
-            if not sent:
+            if sent:
+                done(asyncio.run(replay_uncached(targets["off"], kind, rep, sent, off_turns, spec)))
+            else:
                 pending_off.append(rep)
-                continue
-            results.append(asyncio.run(replay_uncached(targets["off"], kind, rep, sent, off_turns, spec)))
-        else:
-            continue
-        print("\n".join(session_table(results[-1])) + "\n", file=sys.stderr, flush=True)
-    return results
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
@@ -396,20 +402,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets, served = _targets(args, args.out / "logs")
     results: list[SessionResult] = []
     off_turns = sorted({min(t, args.turns) - 1 for t in args.off_turns})
+
+    def save(result: SessionResult) -> None:  # after every session: an interrupted run keeps what it measured
+        results.append(result)
+        write_results(args.out, meta, spec, results)
+
     try:
         for kind in args.kinds:
-            results += run_kind(targets, kind, args.reps, off_turns, spec)
+            run_kind(targets, kind, args.reps, off_turns, spec, save)
     finally:
         for s in served:
             s.stop()
+    print("\n".join(goal_summary(results)))
+    return 0 if results and all(t.error is None for r in results for t in r.turns) else 1
+
+
+def write_results(out: Path, meta: dict[str, Any], spec: ReplaySpec, results: Sequence[SessionResult]) -> None:
+    """`session-replay.md` (the goal summary, then every session's turns) and `session-replay.json`."""
     lines = ["# Session replay", "", *goal_summary(results), ""]
     for r in results:
         lines += [*session_table(r), ""]
-    (args.out / "session-replay.md").write_text("\n".join(lines))
+    (out / "session-replay.md").write_text("\n".join(lines))
     data = {"meta": meta, "spec": asdict(spec), "sessions": [r.to_json() for r in results]}
-    (args.out / "session-replay.json").write_text(json.dumps(data, indent=1) + "\n")
-    print("\n".join(goal_summary(results)))
-    return 0 if results and all(t.error is None for r in results for t in r.turns) else 1
+    (out / "session-replay.json").write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":
