@@ -369,6 +369,7 @@ def _parser() -> argparse.ArgumentParser:
         help="turns (1-based) replayed with caching off: each is a full prefill (default: 2)",
     )
     p.add_argument("--max-tokens", type=int, default=32, help="answer length per turn")
+    p.add_argument("--task-max-tokens", type=int, default=32, help="Open WebUI's background tasks' max_tokens")
     p.add_argument("--slots", type=int, default=4, help="worker slots (CPU mode; the default config's 4)")
     p.add_argument("--threads", type=int, default=2, help="worker CPU threads (CPU mode)")
     p.add_argument("--stable-billing", action="store_true", help="keep Claude Code's billing header fixed")
@@ -396,7 +397,7 @@ def _targets(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, str], l
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = ReplaySpec(args.turns, args.max_tokens, slots=args.slots, model=args.model,
+    spec = ReplaySpec(args.turns, args.max_tokens, args.task_max_tokens, slots=args.slots, model=args.model,
                       volatile_billing=not args.stable_billing)  # fmt: skip
     meta = provenance.collect(notes="bench.session_replay")
     targets, served = _targets(args, args.out / "logs")
