@@ -111,7 +111,7 @@ def _usage(api: Api, event: dict[str, Any], out: Streamed) -> None:
         if isinstance(usage, dict):
             out.prompt_tokens = usage.get("prompt_tokens")
             out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    elif api == "responses" and event.get("type") == "response.completed":
+    elif api == "responses" and event.get("type") in ("response.completed", "response.incomplete"):
         usage = event["response"].get("usage") or {}
         out.prompt_tokens = usage.get("input_tokens")
         out.cached_tokens = (usage.get("input_tokens_details") or {}).get("cached_tokens")
