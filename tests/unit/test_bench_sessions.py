@@ -67,3 +67,22 @@ def test_the_goal_counts_turns_from_the_second_on() -> None:
     lines = goal_summary([on, off])
     assert "| codex | on | 2 of 2 | 1 of 2 |" in lines[2]
     assert "| codex | off | 0 of 1 | 0 of 1 |" in lines[3]
+
+
+def test_cached_tokens_are_read_from_each_apis_own_usage() -> None:
+    from bench.session_replay import Streamed, _usage
+
+    chat = Streamed()
+    _usage("chat", {"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 90}}}, chat)
+    incomplete = Streamed()  # a Responses stream that reached max_output_tokens ends with response.incomplete
+    _usage("responses", {"type": "response.incomplete", "response": {"usage": {
+        "input_tokens": 100, "input_tokens_details": {"cached_tokens": 91}}}}, incomplete)  # fmt: skip
+    messages = Streamed()  # Anthropic counts cache reads apart from input_tokens: the prompt is their sum
+    _usage("messages", {"type": "message_delta", "usage": {"input_tokens": 8, "cache_read_input_tokens": 92,
+                                                          "output_tokens": 3}}, messages)  # fmt: skip
+    silent = Streamed()
+    _usage("chat", {"usage": {"prompt_tokens": 100}}, silent)
+    assert (chat.prompt_tokens, chat.cached_tokens) == (100, 90)
+    assert (incomplete.prompt_tokens, incomplete.cached_tokens) == (100, 91)
+    assert (messages.prompt_tokens, messages.cached_tokens) == (100, 92)
+    assert (silent.prompt_tokens, silent.cached_tokens) == (100, None)  # not said: None, never 0
