@@ -169,9 +169,18 @@ async def stream_request(
 
 
 async def flush_slots(client: httpx.AsyncClient, base: str, model: str, slots: int, seed: int) -> None:
-    """Overwrite every slot with a short unrelated prompt (sent together, so each takes its own slot)."""
+    """Overwrite every slot with a short unrelated prompt. They are sent together and each generates 32 tokens,
+    so all are in flight at once and each must take its own slot (a free slot goes first to an empty one, so
+    one request at a time would never reach the slot holding the session). The cached tokens the next turn
+    reports show whether it worked."""
     bodies = [
-        {"model": model, "prompt": make_prompt(24, seed * 100 + i), "max_tokens": 1, "stream": True}
+        {
+            "model": model,
+            "prompt": make_prompt(24, seed * 100 + i),
+            "max_tokens": 32,
+            "ignore_eos": True,
+            "stream": True,
+        }
         for i in range(slots)
     ]
     await asyncio.gather(*(stream_request(client, base, "chat", "/v1/completions", {}, b) for b in bodies))
