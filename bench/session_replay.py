@@ -367,6 +367,7 @@ def goal_summary(results: Sequence[SessionResult]) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.session_replay", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for session-replay.json/.md and logs")
+    p.add_argument("--merge", type=Path, nargs="+", help="only merge these runs' folders into --out's table")
     p.add_argument("--kinds", nargs="+", choices=SESSION_KINDS, default=list(SESSION_KINDS))
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--reps", type=int, default=2, help="repetitions of each (kind, caching), ABBA order")
@@ -406,6 +407,8 @@ def _targets(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, str], l
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return merge(args.merge, args.out)
     spec = ReplaySpec(args.turns, args.max_tokens, args.task_max_tokens, slots=args.slots, model=args.model,
                       volatile_billing=not args.stable_billing)  # fmt: skip
     meta = provenance.collect(notes="bench.session_replay")
@@ -425,6 +428,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.stop()
     print("\n".join(goal_summary(results)))
     return 0 if results and all(t.error is None for r in results for t in r.turns) else 1
+
+
+def merge(folders: Sequence[Path], out: Path) -> int:
+    """One table from several runs (e.g. one process per session kind): their sessions, in the order given."""
+    runs = [json.loads((f / "session-replay.json").read_text()) for f in folders]
+    results = []
+    for run in runs:
+        for data in run["sessions"]:
+            turns = [TurnResult(**{k: v for k, v in t.items() if k not in ("cached_share", "ttft_ratio")})
+                     for t in data["turns"]]  # fmt: skip
+            results.append(SessionResult(data["kind"], data["cache"], data["rep"], data["total_s"], turns,
+                                         data["cached_source"]))  # fmt: skip
+    meta = {"merged": [str(f) for f in folders], "runs": [run["meta"] for run in runs]}
+    write_results(out, meta, ReplaySpec(**runs[0]["spec"]), results)
+    print("\n".join(goal_summary(results)))
+    return 0
 
 
 def write_results(out: Path, meta: dict[str, Any], spec: ReplaySpec, results: Sequence[SessionResult]) -> None:
