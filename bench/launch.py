@@ -119,13 +119,15 @@ def start_gateway(
     log_dir: Path,
     cpus: str | None = None,
     timeout_s: float = 240.0,
+    gpus: bool = False,
 ) -> Served:
-    """`python -m gateway serve --config FILE` (the same as `voltgate serve`), with auth and metrics on."""
+    """`python -m gateway serve --config FILE` (the same as `voltgate serve`), with auth and metrics on; the
+    GPUs hidden from it (`CUDA_VISIBLE_DEVICES=""`) unless `gpus`."""
     path = log_dir / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = [python(), "-m", "gateway", "serve", "--config", str(path)]
-    env = {"VOLTGATE_API_KEYS": BENCH_API_KEY, "CUDA_VISIBLE_DEVICES": ""}
+    env = {"VOLTGATE_API_KEYS": BENCH_API_KEY} | ({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})
     proc = ManagedProcess(name, argv, log_dir=log_dir, cpus=cpus, env=env).start()
     root = f"http://127.0.0.1:{config['server']['port']}"
     try:

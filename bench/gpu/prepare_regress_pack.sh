@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# HERE, on a machine with PyPI access, from the repo root: the pack `make bench-gpu` carries to the GPU machine.
+#   .gpu/            shared/gpu/* (the tested recipe: setup_device.sh, make_model.py, hold_memory.py, ...)
+#   .gpu/pack/       shared/gpu/prepare_pack.sh's pack (LMDeploy 0.18 TurboMind, libcudart 12, llama-cpp-python
+#                    0.3.36 stripped, the wheels the image lacks), about 21 MB
+#   .gpu/pack/llama_server_src.tar.xz
+#                    llama.cpp as vendored by llama-cpp-python 0.3.36, with tools/server and tools/mtmd kept
+#                    (prepare_pack.sh strips tools/), so run_regress.sh can build `llama-server` for sm_90: the
+#                    reference the worker is held to, the same llama.cpp commit the worker runs
+#   .gpu/extra/      the gateway's runtime wheels for the image's Python 3.12, at this venv's versions (not openai:
+#                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/)
+# `.gpu/` is git-ignored (.gitignore); a device call carries it with `carry: [".gpu"]`.
+#
+# Usage: PY=.venv/bin/python bash bench/gpu/prepare_regress_pack.sh [SHARED_GPU_DIR]   (default /work/shared/gpu)
+set -euo pipefail
+SHARED=${1:-/work/shared/gpu}
+mkdir -p .gpu
+cp -r "$SHARED"/* .gpu/
+[[ -f .gpu/pack/llama_cpp_python.tar.xz ]] || bash .gpu/prepare_pack.sh .gpu/pack
+PY=${PY:-.venv/bin/python}
+PKGS="fastapi opentelemetry-api starlette uvicorn uvloop httptools httpx httpcore h11 anyio sniffio idna certifi
+  pydantic pydantic-core pydantic-settings python-dotenv typing-extensions typing-inspection annotated-types
+  prometheus-client nvidia-ml-py pyyaml typer click rich markdown-it-py mdurl pygments shellingham gguf
+  safetensors psutil pillow tqdm importlib-metadata zipp"
+PINS=$(for p in $PKGS; do "$PY" -m pip show "$p" 2> /dev/null | awk -v n="$p" '/^Version:/ {print n "==" $2}'; done)
+rm -rf .gpu/extra && mkdir -p .gpu/extra
+# shellcheck disable=SC2086
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .gpu/extra $PINS
+WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
+python3 -m pip download -q --no-deps --no-binary=:all: -d "$WORK" llama-cpp-python==0.3.36
+tar -xzf "$WORK"/llama_cpp_python-0.3.36.tar.gz -C "$WORK"
+V="$WORK/llama_cpp_python-0.3.36/vendor/llama.cpp"
+rm -rf "$V/.git" "$V/.github" "$V/models" "$V/docs" "$V/media" "$V/tests" "$V/benches" "$V/examples" "$V/pocs" \
+       "$V/app" "$V/ci" "$V/skills" "$V/gguf-py/tests"
+for b in cann et hexagon metal opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do rm -rf "$V/ggml/src/ggml-$b"; done
+find "$V/tools" -mindepth 1 -maxdepth 1 -type d ! -name server ! -name mtmd -exec rm -rf {} +
+printf 'add_subdirectory(mtmd)\nif (LLAMA_BUILD_SERVER)\n    add_subdirectory(server)\nendif()\n' > "$V/tools/CMakeLists.txt"
+DEST=$PWD/.gpu/pack/llama_server_src.tar.xz
+(cd "$(dirname "$V")" && XZ_OPT="-6 -T0" tar -cJf "$DEST" llama.cpp)
+ls -la .gpu/pack; du -sh .gpu

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# ON THE GPU MACHINE, from the repo root, `.gpu/` carried (bench/gpu/prepare_regress_pack.sh made it):
+#
+#   bash bench/gpu/run_regress.sh $OUT [WAIT_S]
+#
+# Starts the whole regression benchmark once, detached (setsid nohup: it outlives this call), then waits up to
+# WAIT_S seconds (default 540, under a device call's 600 s limit) for it to finish, and tars what exists so far
+# into $OUT/regress-<time>.tar.gz with the log's tail. Call it again, on the still-warm machine, to keep
+# polling: a second call never starts a second run. A fresh machine (the last one was taken back) starts over.
+#
+# The detached run (state in /tmp/regress; "== step" lines in /tmp/regress/run.log):
+#   setup    LMDeploy pack (.gpu/setup_device.sh lmdeploy), the gateway's wheels (.gpu/extra) into /tmp/site2,
+#            an `lmdeploy` command; in the background, niced: the llama-cpp-python CUDA build (our worker) and
+#            the llama-server build from .gpu/pack/llama_server_src.tar.xz (sm_90, same llama.cpp commit)
+#   models   the random-weight Llama-2-7B shape (.gpu/make_model.py 7b), then, once the build is done, its GGUF
+#            F16 -> Q8_0, Q4_K_M (bench/gpu/prepare_gguf.sh)
+#   bench    python3 -m bench.gpu.regress --out /tmp/regress/out/<date>-gpu-regress (it holds the GPU's memory
+#            to a V100's per pair with .gpu/hold_memory.py), then `done`
+# Commit the folder from the tarball under bench/results/ with this command in its README.
+set -uo pipefail
+OUT=${1:?usage: run_regress.sh OUT [WAIT_S]}
+WAIT_S=${2:-540}
+S=/tmp/regress
+export G=/tmp/gpu
+mkdir -p "$S" "$G" "$OUT"
+
+if [[ ${REGRESS_DETACHED:-} != 1 ]]; then
+  if [[ ! -f $S/started ]]; then
+    date -u +%FT%TZ > "$S/started"
+    REGRESS_DETACHED=1 setsid nohup bash "$0" "$S/out" > "$S/run.log" 2>&1 < /dev/null &
+    echo "started the regression run (pid $!)"
+  else
+    echo "a run started at $(cat "$S/started") is $([[ -f $S/done ]] && echo finished || echo still running)"
+  fi
+  for _ in $(seq 1 "$WAIT_S"); do [[ -f $S/done ]] && break; sleep 1; done
+  stamp=$(date -u +%H%M%S)
+  tar czf "$OUT/regress-$stamp.tar.gz" -C "$S" out run.log started $([[ -f $S/done ]] && echo done) 2> /dev/null
+  tail -40 "$S/run.log"
+  [[ -f $S/done ]] && { echo "== finished"; cat "$S"/out/*/regress.md 2> /dev/null; exit 0; }
+  echo "== still running: call this again to keep polling"
+  exit 0
+fi
+
+stamp() { echo "== [$(date -u +%T) +${SECONDS}s] $*"; }
+stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+
+stamp "setup"
+[[ -f $G/env.sh ]] || bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$S/setup_lmdeploy.log" 2>&1 \
+  || { stamp "setup lmdeploy FAILED"; tail -30 "$S/setup_lmdeploy.log"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
+if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
+  touch "$G/llama_build.started"
+  setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" \
+    > /dev/null 2>&1 < /dev/null &
+fi
+if [[ ! -f $G/server_build.rc && ! -f $G/server_build.started ]]; then
+  touch "$G/server_build.started"
+  cat > "$G/build_server.sh" << EOS
+set -e
+mkdir -p $G/server-src
+[[ -d $G/server-src/llama.cpp ]] || python3 -m tarfile -e $PWD/.gpu/pack/llama_server_src.tar.xz $G/server-src
+export PATH=/usr/local/cuda/bin:\$PATH
+cmake -S $G/server-src/llama.cpp -B $G/build-server -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=on \\
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \\
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+cmake --build $G/build-server --target llama-server -j \$(nproc)
+EOS
+  setsid nohup nice -n 10 bash -c "bash $G/build_server.sh > $G/server_build.log 2>&1; echo \$? > $G/server_build.rc" \
+    > /dev/null 2>&1 < /dev/null &
+fi
+source "$G/env.sh"
+export PYTHONPATH=$PWD:/tmp/site2:$PYTHONPATH PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
+python3 -c "import lmdeploy, gateway.app; print('lmdeploy', lmdeploy.__version__)"
+
+stamp "models"
+if [[ ! -f $G/models/7b/made ]]; then
+  python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
+  tail -1 "$S/make_model_7b.log"
+fi
+[[ -f $G/gguf/ready ]] || bash bench/gpu/prepare_gguf.sh > "$S/prepare_gguf.log" 2>&1
+ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
+for _ in $(seq 1 240); do [[ -f $G/server_build.rc ]] && break; sleep 5; done  # at most 20 min
+stamp "llama-server build rc $(cat "$G/server_build.rc" 2> /dev/null || echo 'still running: B sides not run')"; tail -3 "$G/server_build.log"
+SERVER=$G/build-server/bin/llama-server
+[[ -x $SERVER ]] && "$SERVER" --version 2>&1 | tail -2
+
+stamp "bench"
+python3 -m bench.gpu.regress --out "$S/out/$(date -u +%F)-gpu-regress" --hold-script .gpu/hold_memory.py \
+  $([[ -x $SERVER ]] && echo --llama-server "$SERVER") --notes "H200 held to a V100's memory; random-weight Llama-2-7B shape" \
+  ${REGRESS_ARGS:-}
+stamp "bench exit $?"
+cp "$S"/*.log "$S/out/" 2> /dev/null
+touch "$S/done"
