@@ -112,13 +112,14 @@ def test_chat_keeps_the_thinking_out_of_the_answer_and_counts_it(parsed: Gateway
     assert 0 < reasoning <= answer.usage.completion_tokens
 
 
-@pytest.mark.xfail(reason="the worker enforces thinking_budget_tokens 0 only so far (reason-worker 4a261e7)")
 def test_the_budget_closes_the_thinking_and_the_answer_follows(parsed: Gateway) -> None:
     answer = parsed.client().chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=24, extra_body={**GREEDY, "thinking_budget_tokens": 4}
     )
     assert answer.usage is not None and answer.usage.completion_tokens_details is not None
-    assert (answer.usage.completion_tokens_details.reasoning_tokens or 0) <= 5
+    # the budget's 4 tokens, then the closing the worker forces (`</think>` and its blank line: a few tokens
+    # of SmolLM2's vocabulary, counted as thinking); without the budget the thinking runs to max_tokens
+    assert 4 <= (answer.usage.completion_tokens_details.reasoning_tokens or 0) <= 8
     assert answer.choices[0].message.content
 
 
