@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -114,6 +115,19 @@ def start_gateway(config: Path, log_path: Path, env: dict[str, str] | None = Non
         start_new_session=True,
     )
     return Gateway(f"http://127.0.0.1:{port}", process, log_path)
+
+
+@contextlib.contextmanager
+def running_gateway(
+    config: Path, log_path: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()
+) -> Iterator[Gateway]:
+    """`start_gateway`, ready to serve (every pinned model's worker up), stopped however the block ends."""
+    gw = start_gateway(config, log_path, env, args)
+    try:
+        gw.wait_ready()
+        yield gw
+    finally:
+        stop_gateway(gw)
 
 
 def stop_gateway(gateway: Gateway) -> None:

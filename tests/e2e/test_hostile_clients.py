@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,13 +30,9 @@ def big_bodies(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """The gateway with room for large bodies (the shared one allows 64 KiB)."""
     tmp = tmp_path_factory.mktemp("hostile")
     models = [model_entry(smollm2_path, context=CONTEXT)]
-    gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=models, max_body_bytes=32 << 20),
-                       tmp / "gateway.log")  # fmt: skip
-    try:
-        gw.wait_ready()
+    config = write_config(tmp, smollm2_path, free_port(), models=models, max_body_bytes=32 << 20)
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def rss_bytes(pid: int) -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.clients.fixtures import load
 from tests.conftest import free_port
-from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -27,12 +27,8 @@ TOOLS_CHARS = 6000  # the recorded tools kept (the first ones, whole): a prefix 
 def prefix_gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("prefix")
     entry = model_entry(smollm2_path, concurrency=1, llamacpp={"n_threads": 1, "cache_type": LONG_PROMPT_KV})
-    gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def claude_code_request(suffix: str, ask: str = "Say hello") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from anthropic.types import Message, ThinkingBlock
 from openai.types.responses import ResponseReasoningItem
 
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.fixtures.gguf_templates import retemplated_gguf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,12 +48,8 @@ def thinking(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     entry = model_entry(gguf, name=MODEL, default_max_tokens=24, reasoning={"effort": "low", "budget_tokens": BUDGET})
     renamed = model_entry(gguf, name=VLLM_NAMED, default_max_tokens=24, concurrency=1,
                           reasoning={"budget_tokens": BUDGET, "field": "reasoning"})  # fmt: skip
-    gw = start_gateway(write_config(tmp, gguf, free_port(), models=[entry, renamed]), tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(write_config(tmp, gguf, free_port(), models=[entry, renamed]), tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import anthropic
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,12 +31,8 @@ def slow(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     entry = model_entry(smollm2_path, concurrency=1, llamacpp={"n_threads": 1, "cache_type": LONG_PROMPT_KV})
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], keepalive_interval_s=KEEPALIVE_S,
                           upstream_timeout_s=UPSTREAM_TIMEOUT_S)  # fmt: skip
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def long_prompt(tag: str) -> str:
