@@ -176,3 +176,12 @@ def test_an_idle_save_replaces_the_shorter_state_of_the_same_session() -> None:
     prompts.cache.put(AGENT[:5000], bytearray(5000))  # the session's previous turn
     slot = holding(model, 0, AGENT, Origin(len(AGENT), 5000))
     assert prompts.save_idle([slot]) and prompts.cache.stats().entries == 1 and prompts.cache.covers(AGENT)
+
+
+def test_a_short_state_is_not_wiped_for_a_few_shared_tokens_while_a_slot_is_empty() -> None:
+    """tests/e2e/test_vision.py's case: a 54-token state shares 24 tokens with the next prompt (the text before
+    a different image); the empty slot takes the prompt and the state stays for its own next request."""
+    prompts, model = host(SavePolicy())
+    red = holding(model, 0, [*range(24), *range(100, 130)], Origin(50, 0))
+    empty = holding(model, 1, [], None)
+    assert pick_slot([red, empty], [*range(24), *range(200, 226)], prompts.precious) is empty

@@ -180,9 +180,11 @@ def pick_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[
     prefix for the conversation's next message. Ties go to the lowest id (busy slots stay contiguous).
 
     `precious(slot)` False says that losing the slot's cached tokens costs little (a state the host prompt
-    cache already holds, or one not worth keeping: `prompt_cache.SavePolicy`): such a slot is overwritten
-    before any slot whose loss costs its tokens, and among such slots the one with the least cached goes
-    first. None: every slot's tokens are precious.
+    cache already holds, or one not worth keeping: `prompt_cache.SavePolicy`). A prompt that shares nothing
+    with such a slot counts it as good as empty: it is overwritten before any slot whose loss costs its
+    tokens, the one with the least cached first. A slot the prompt shares a prefix with is weighed as
+    always (reuse less loss), so a short state is not wiped for a few shared tokens while an empty slot is
+    free. None: every slot's tokens are precious.
     """
     best: Slot | None = None
     best_key = (0, 0)
@@ -193,7 +195,8 @@ def pick_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[
         if reuse < MIN_REUSE_TOKENS:
             reuse = 0
         lost = len(slot.cached) - reuse  # cached tokens the new prompt overwrites
-        key = (reuse - lost, 0) if precious is None or precious(slot) else (reuse, -lost)
+        cheap = reuse == 0 and precious is not None and not precious(slot)
+        key = (0, -lost) if cheap else (reuse - lost, 0)
         if best is None or key > best_key:
             best, best_key = slot, key
     assert best is not None, "admitted without a free slot"
