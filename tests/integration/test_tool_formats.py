@@ -55,6 +55,11 @@ FORMAT_OF_FIXTURE = {
     "mistral_small_3_2": MISTRAL_V11,
     "smollm2": GENERIC,
     "gemma2": GENERIC,
+    # the reasoning families' templates (docs/reasoning-worker.md): Qwen3 writes Hermes calls; DeepSeek's own
+    # call syntax and gpt-oss's harmony commentary channel have no parser here, so their tools are generic
+    "qwen3": HERMES,
+    "deepseek_r1_distill": GENERIC,
+    "gpt_oss": GENERIC,
 }
 
 

@@ -103,7 +103,7 @@ def _ask(client: openai.OpenAI, model: str) -> str:
 
 def _stream_while_killing(base: str, kill: Callable[[], None]) -> list[str]:
     """Stream from `beta` and kill its host after the third frame: every SSE data line, to the end."""
-    body = {"model": "beta", "stream": True, "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+    body = {"model": "beta", "stream": True, "max_tokens": 460, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]}  # fmt: skip
     # ignore_eos: the answer cannot end on its own before the kill lands (it once ended after one token)
     lines: list[str] = []
