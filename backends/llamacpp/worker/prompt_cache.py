@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backends.base import PROMPT_CACHE_MIB
 from backends.llamacpp.worker.slots import MIN_REUSE_TOKENS, Slot, common_prefix_len
 
 if TYPE_CHECKING:  # the cache logic runs without llama.cpp loaded (its unit tests stay native-free)
@@ -56,7 +57,7 @@ MIN_SAVE_TOKENS = 64
 LONG_PROMPT_TOKENS_CPU = MIN_SAVE_TOKENS
 LONG_PROMPT_TOKENS_GPU = 1024
 
-DEFAULT_PROMPT_CACHE_MIB = 2048
+DEFAULT_PROMPT_CACHE_MIB = PROMPT_CACHE_MIB  # the plan's default too (`backends.base`): one number
 
 # Each admission compares its prompt with every saved state (in Python): many small states (a frontend's
 # title tasks) must not make that slow.
@@ -215,9 +216,7 @@ class HostPrompts:
     def precious(self, slot: Slot) -> bool:
         """Losing this slot's state costs its tokens: it is worth keeping and not saved yet (`pick_slot`).
         With the cache off every state is precious, as without this hook."""
-        if not self.cache.enabled:
-            return True
-        return self.policy.worth_saving(slot) and not self.cache.covers(slot.cached)
+        return not self.cache.enabled or self._worth_and_uncovered(slot)
 
     def save_idle(self, slots: Sequence[Slot]) -> bool:
         """Save one free slot worth keeping that no saved state covers yet (engine idle); False: none left.
@@ -251,8 +250,10 @@ class HostPrompts:
         self._restore(slot, entry, shared)
 
     def _unsaved(self, slot: Slot) -> bool:
-        if self._too_big.get(slot.seq_id) == len(slot.cached):
-            return False
+        """Worth a copy that has not been made, and not one already found too big for the cache."""
+        return self._too_big.get(slot.seq_id) != len(slot.cached) and self._worth_and_uncovered(slot)
+
+    def _worth_and_uncovered(self, slot: Slot) -> bool:
         return self.policy.worth_saving(slot) and not self.cache.covers(slot.cached)
 
     def _restore(self, slot: Slot, entry: SavedPrompt, shared: int) -> None:
