@@ -22,7 +22,8 @@ PKGS="fastapi opentelemetry-api starlette uvicorn uvloop httptools httpx httpcor
   pydantic pydantic-core pydantic-settings python-dotenv typing-extensions typing-inspection annotated-types
   prometheus-client nvidia-ml-py pyyaml typer click rich markdown-it-py mdurl pygments shellingham gguf
   safetensors psutil pillow tqdm importlib-metadata zipp"
-PINS=$(for p in $PKGS; do "$PY" -m pip show "$p" 2> /dev/null | awk -v n="$p" '/^Version:/ {print n "==" $2}'; done)
+# a package this venv lacks is skipped (`|| true`: under pipefail its failed `pip show` would end the script)
+PINS=$(for p in $PKGS; do "$PY" -m pip show "$p" 2> /dev/null | awk -v n="$p" '/^Version:/ {print n "==" $2}' || true; done)
 rm -rf .gpu/extra && mkdir -p .gpu/extra
 # shellcheck disable=SC2086
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
