@@ -5,7 +5,7 @@
 #                    0.3.36 stripped, the wheels the image lacks), about 21 MB
 #   .gpu/pack/llama_server_src.tar.xz
 #                    llama.cpp as vendored by llama-cpp-python 0.3.36, with tools/server and tools/mtmd kept
-#                    (prepare_pack.sh strips tools/), so run_regress.sh can build `llama-server` for sm_90: the
+#                    (prepare_pack.sh strips tools/) and tools/ui's CMake files, so run_regress.sh can build `llama-server` for sm_90: the
 #                    reference the worker is held to, the same llama.cpp commit the worker runs
 #   .gpu/extra/      the gateway's runtime wheels for the image's Python 3.12, at this venv's versions (not openai:
 #                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/)
@@ -36,8 +36,11 @@ V="$WORK/llama_cpp_python-0.3.36/vendor/llama.cpp"
 rm -rf "$V/.git" "$V/.github" "$V/models" "$V/docs" "$V/media" "$V/tests" "$V/benches" "$V/examples" "$V/pocs" \
        "$V/app" "$V/ci" "$V/skills" "$V/gguf-py/tests"
 for b in cann et hexagon metal opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do rm -rf "$V/ggml/src/ggml-$b"; done
-find "$V/tools" -mindepth 1 -maxdepth 1 -type d ! -name server ! -name mtmd -exec rm -rf {} +
-printf 'add_subdirectory(mtmd)\nif (LLAMA_BUILD_SERVER)\n    add_subdirectory(server)\nendif()\n' > "$V/tools/CMakeLists.txt"
+# tools/ui is the llama-ui target llama-server links (its web page); without npm or the network it builds
+# with no page, so its sources and tests go and its CMake files stay
+find "$V/tools" -mindepth 1 -maxdepth 1 -type d ! -name server ! -name mtmd ! -name ui -exec rm -rf {} +
+rm -rf "$V/tools/ui/src" "$V/tools/ui/tests" "$V/tools/ui/static" "$V/tools/ui/package-lock.json"
+printf 'add_subdirectory(mtmd)\nif (LLAMA_BUILD_SERVER)\n    add_subdirectory(ui)\n    add_subdirectory(server)\nendif()\n' > "$V/tools/CMakeLists.txt"
 DEST=$PWD/.gpu/pack/llama_server_src.tar.xz
 (cd "$(dirname "$V")" && XZ_OPT="-6 -T0" tar -cJf "$DEST" llama.cpp)
 ls -la .gpu/pack; du -sh .gpu

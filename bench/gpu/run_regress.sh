@@ -64,7 +64,8 @@ mkdir -p $G/server-src
 export PATH=/usr/local/cuda/bin:\$PATH
 cmake -S $G/server-src/llama.cpp -B $G/build-server -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=on \\
   -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \\
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \\
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 cmake --build $G/build-server --target llama-server -j \$(nproc)
 EOS
   setsid nohup nice -n 10 bash -c "bash $G/build_server.sh > $G/server_build.log 2>&1; echo \$? > $G/server_build.rc" \
