@@ -32,14 +32,21 @@ from types import TracebackType
 from typing import Any
 
 import llama_cpp as _llama_cpp
-from llama_cpp import mtmd_cpp as _mtmd_cpp
 from PIL import Image
 
 from backends.llamacpp.worker import native
 
 # As in `native`: the bindings' annotations are partial; keep them untyped and every call in this module.
 lib: Any = _llama_cpp
-mtmd: Any = _mtmd_cpp
+# A llama-cpp-python built without tools/mtmd has no libmtmd: the worker still serves text, and only loading
+# a projector fails (VisionError naming the cause). The GPU recipe's build is one such (bench/results/
+# 2026-12-05-gpu-regress-partial).
+mtmd: Any
+MTMD_MISSING: str | None = None
+try:
+    from llama_cpp import mtmd_cpp as mtmd
+except (ImportError, OSError) as e:  # FileNotFoundError (an OSError) when the shared library is absent
+    mtmd, MTMD_MISSING = None, f"this llama-cpp-python has no multimodal library (libmtmd): {e}"
 
 log = logging.getLogger("voltgate.worker")
 
@@ -214,6 +221,8 @@ class VisionProjector:
         Raises VisionError when the file is no projector, has no vision encoder, or its output width is not
         the text model's embedding width (mtmd checks it: the wrong mmproj for this model).
         """
+        if MTMD_MISSING:
+            raise VisionError(MTMD_MISSING)
         native.init_backend()
         _route_logs()
         params = mtmd.mtmd_context_params_default()
