@@ -4,9 +4,9 @@
 #   .gpu/pack/       shared/gpu/prepare_pack.sh's pack (LMDeploy 0.18 TurboMind, libcudart 12, llama-cpp-python
 #                    0.3.36 stripped, the wheels the image lacks), about 21 MB
 #   .gpu/pack/llama_server_src.tar.xz
-#                    llama.cpp as vendored by llama-cpp-python 0.3.36, with tools/server and tools/mtmd kept
-#                    (prepare_pack.sh strips tools/) and tools/ui's CMake files, so run_regress.sh can build `llama-server` for sm_90: the
-#                    reference the worker is held to, the same llama.cpp commit the worker runs
+#                    llama.cpp as vendored by llama-cpp-python 0.3.36, with tools/server, tools/mtmd and tools/ui's
+#                    CMake files kept (prepare_pack.sh strips tools/), so run_regress.sh can build `llama-server`
+#                    for sm_90: the reference the worker is held to, the same llama.cpp commit the worker runs
 #   .gpu/extra/      the gateway's runtime wheels for the image's Python 3.12, at this venv's versions (not openai:
 #                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/)
 # `.gpu/` is git-ignored (.gitignore); a device call carries it with `carry: [".gpu"]`.

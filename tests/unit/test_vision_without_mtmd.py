@@ -1,7 +1,9 @@
-"""A llama-cpp-python without libmtmd (the GPU recipe's build) still runs the worker for text models.
+"""A llama-cpp-python without libmtmd (the GPU recipe's build): the worker's modules import, a projector refuses.
 
 Issue 34's GPU run found the worker dying at import there (bench/results/2026-12-05-gpu-regress-partial). The
-missing library is simulated by blocking `llama_cpp.mtmd_cpp` in a fresh interpreter; the rest is real.
+missing library is simulated by blocking `llama_cpp.mtmd_cpp` in a fresh interpreter (the ImportError path; a
+missing .so raises FileNotFoundError, caught alike); the rest is real. It checks the import and the refusal,
+not a text request served by such a worker: that is the GPU run's to show.
 """
 
 import subprocess
