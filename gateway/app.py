@@ -235,7 +235,8 @@ def _deployment(
     if worker is None:  # else on a cluster host (gateway.cluster.serve)
         handle: WorkerHandle = (
             RemoteHandle(plan.model, plan.remote_url, client=client) if plan.remote_url is not None
-            else WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client)
+            else WorkerProcess(plan.model, lambda port: adapter.launch_spec(plan, port), client=client,
+                               frozen_after_s=config.server.worker_frozen_s)
         )  # fmt: skip
         worker = WorkerMachine(
             handle, policy_for(spec.load, spec.idle_unload_s, remote=plan.remote_url is not None), on_state=on_state,

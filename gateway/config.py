@@ -127,6 +127,12 @@ class ServerSettings(_Spec):
         default="reject", description="a request over the cap: 400 naming the field, or served with the cap"
     )
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="longest silence from a worker")
+    worker_frozen_s: float | None = Field(
+        default=30.0,
+        gt=0,
+        description="a running local worker that answers no health check this long is killed "
+        "and restarted, which ends its requests in flight (null: never)",
+    )
     startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")

@@ -61,6 +61,7 @@ class HostWorker:
         self._changed = asyncio.Event()
         self._on_state = on_state
         self._probe = probe  # where its host's measured use of this worker goes (the residency reads it)
+        self._lost_signal: asyncio.Future[str] | None = None
 
     def start(self, *, retry: bool = False) -> None:
         del retry  # the host's supervisor decides restarts; a lost host is not retried here
@@ -96,6 +97,15 @@ class HostWorker:
         raise GatewayError(ErrorCode.WORKER_UNAVAILABLE,
                            f"model {self.name!r} is {self.state.value} on host {self.host!r}; retry shortly{detail}",
                            retry_after_s=5)  # fmt: skip
+
+    def lost_signal(self) -> asyncio.Future[str]:
+        """Resolves when the host is lost: a frozen or cut-off host closes no connection, so the calls in flight
+        there are ended by the gateway (`gateway.serving.upstream`), not left to `upstream_timeout_s`."""
+        if self._lost_signal is None:
+            self._lost_signal = asyncio.get_running_loop().create_future()
+            if self.lost is not None:
+                self._lost_signal.set_result(self.lost)
+        return self._lost_signal
 
     def connection_lost(self, cause: str) -> str:
         """What a client whose call broke is told (`gateway.lifecycle.workers.Worker.connection_lost`)."""
@@ -140,6 +150,8 @@ class HostWorker:
             self.lost = self.last_error = str(exc)
             self._url = None
             log.error("worker %s: %s", self.name, exc)
+            if self._lost_signal is not None and not self._lost_signal.done():
+                self._lost_signal.set_result(self.lost)
             self._set(WorkerState.FAILED)
 
     def _mirror(self, report: WorkerReport) -> None:

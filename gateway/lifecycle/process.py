@@ -2,8 +2,10 @@
 
 Launch: a new process in its own process group (start_new_session), on a free port, its output relayed to
 the log and kept as a tail; wait healthy: poll its health path until 200, failing at once on an exit or a
-fatal log line, or at the startup timeout; terminate: SIGTERM to the group, a grace period, SIGKILL, then a
-backstop for anything the worker spawned. Restarts, backoff and crash loops are not decided here
+fatal log line, or at the startup timeout; wait exit: the process's end, or its freeze (no answer to a health
+check for `frozen_after_s`: stopped with SIGSTOP, or hung in native code), whichever comes first; terminate:
+SIGTERM and SIGCONT to the group, a grace period (none: at once), SIGKILL, then a backstop for anything the
+worker spawned. Restarts, backoff and crash loops are not decided here
 (docs/lifecycle.md).
 """
 
@@ -31,6 +33,11 @@ __all__ = ["WorkerProcess", "exit_cause", "pick_free_port"]
 log = logging.getLogger("voltgate.supervisor")
 
 LOG_TAIL_LINES = 40
+
+FROZEN_AFTER_S = 30.0
+"""A ready worker that answers no health check this long is frozen (`server.worker_frozen_s`)."""
+LIVENESS_INTERVAL_S = 5.0
+"""How often a ready worker's health is checked (each check waits this long at most)."""
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
@@ -67,9 +74,10 @@ class WorkerProcess:
 
     def __init__(
         self, name: str, spec_for_port: Callable[[int], LaunchSpec], *, client: httpx.AsyncClient,
-        host: str = "127.0.0.1",
+        host: str = "127.0.0.1", frozen_after_s: float | None = FROZEN_AFTER_S,
     ) -> None:  # fmt: skip
         self.name = name
+        self.frozen_after_s = frozen_after_s  # None: never declared frozen
         self._spec_for_port = spec_for_port
         self._client = client
         self._host = host
@@ -139,13 +147,50 @@ class WorkerProcess:
 
     async def wait_exit(self) -> WorkerExit:
         proc = self._proc
-        returncode = await proc.wait() if proc is not None else -1
+        if proc is None:
+            return WorkerExit(exit_cause(-1), "worker exited with code -1")
+        exited = asyncio.ensure_future(proc.wait())
+        frozen = asyncio.ensure_future(self._watch_liveness())
+        try:
+            await asyncio.wait({exited, frozen}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            frozen.cancel()
+            exited.cancel()
+        if frozen.done() and not frozen.cancelled() and not exited.done():
+            return frozen.result()
+        returncode = proc.returncode if proc.returncode is not None else -1
         cause = exit_cause(returncode)
         log.error(
             "worker %s exited unexpectedly (code %s); last log lines:\n%s",
             self.name, returncode, "\n".join(list(self.log_tail)[-10:]),
         )  # fmt: skip
         return WorkerExit(cause, f"worker exited with code {returncode}" + (f" ({cause})" if returncode < 0 else ""))
+
+    async def _watch_liveness(self) -> WorkerExit:
+        """Return once the running worker has answered no health check for `frozen_after_s` (never, when that is
+        None). Any answer is life, a 503 included (the worker's own word on its state); only silence counts: a
+        process stopped with SIGSTOP, a host paused under it, a worker hung in native code. Its requests in
+        flight would otherwise wait for `upstream_timeout_s`; the supervisor kills it, which ends them at once."""
+        limit = self.frozen_after_s
+        if limit is None or self._spec is None:
+            await asyncio.Event().wait()  # never
+        assert limit is not None and self._spec is not None
+        url = f"http://{self._host}:{self.port}{self._spec.health_path}"
+        interval = min(LIVENESS_INTERVAL_S, limit / 3)
+        loop = asyncio.get_running_loop()
+        answered = loop.time()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._client.get(url, timeout=interval)
+                answered = loop.time()
+            except httpx.HTTPError as exc:
+                silent = loop.time() - answered
+                if silent >= limit:
+                    log.error("worker %s answered no health check for %.0f s (%s): frozen; it is killed and "
+                              "restarted", self.name, silent, type(exc).__name__)  # fmt: skip
+                    return WorkerExit("frozen", f"worker answered no health check for {silent:.0f} s (stopped or "
+                                      "hung); it was killed", grace_s=0.0)  # fmt: skip
 
     def _tail(self, lines: int = 8) -> str:
         tail = list(self.log_tail)[-lines:]
@@ -170,16 +215,19 @@ class WorkerProcess:
         proc = self._proc
         if proc is None:
             return
-        if proc.returncode is None:
+        if proc.returncode is None and grace_s > 0:
             _signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGCONT)  # a stopped worker (SIGSTOP) acts on the SIGTERM
             try:
                 await asyncio.wait_for(proc.wait(), grace_s)
             except TimeoutError:
                 log.warning("worker %s ignored SIGTERM for %.0f s; sending SIGKILL", self.name, grace_s)
                 _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
-        # Backstop: anything the worker spawned into its group that outlived it, and wait until it is gone.
+        # No grace, or the backstop: anything the worker spawned into its group that outlived it; wait until
+        # it is gone.
         _signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
         for _ in range(50):
             if not _group_alive(proc.pid):
                 break

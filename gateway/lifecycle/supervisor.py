@@ -111,8 +111,14 @@ class WorkerMachine:
     async def await_ready(self, timeout_s: float | None = None) -> None:
         await self._await(self._failures, timeout_s)
 
+    def lost_signal(self) -> None:
+        """None: a gone local worker is killed (a frozen one too), which closes its connections."""
+        return None
+
     def connection_lost(self, cause: str) -> str:
-        return restarted_message(self.name, cause, self.handle.wording)
+        """The broken call's cause, and once the worker has ended (a crash, a freeze), how it ended."""
+        ended = self.last_error if self.state is not WorkerState.READY and self.last_error else None
+        return restarted_message(self.name, f"{cause}: {ended}" if ended else cause, self.handle.wording)
 
     def base_url(self) -> str:
         """The worker's URL when READY; otherwise a 503 with Retry-After saying why."""
@@ -184,6 +190,7 @@ class WorkerMachine:
         start again."""
         while not self._stopping:
             ready_at: float | None = None
+            grace_s = 2.0
             try:
                 self._set_state(WorkerState.STARTING)
                 await self.handle.launch()
@@ -194,11 +201,11 @@ class WorkerMachine:
                 ended = await self.handle.wait_exit()
                 if self._stopping:
                     return
-                cause, self.last_error = ended.cause, ended.message
+                cause, self.last_error, grace_s = ended.cause, ended.message, ended.grace_s
             except WorkerStartError as exc:
                 cause, self.last_error = exc.cause, str(exc)
                 log.log(self._loudness(logging.ERROR), "worker %s failed to start: %s", self.name, exc)
-            await self._terminate(grace_s=2.0)
+            await self._terminate(grace_s)
             if self._stopping:
                 return
             if ready_at is not None and time.monotonic() - ready_at >= self.backoff.healthy_reset_s:

@@ -31,6 +31,7 @@ Race semantics of `Worker`, as llama-swap documents its `Process`:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -116,14 +117,23 @@ class Worker(Protocol):
         what happens next."""
         ...
 
+    def lost_signal(self) -> asyncio.Future[str] | None:
+        """Resolves, with the reason, when the worker is declared gone while calls may be in flight to it and
+        nothing closes their connections (a cluster host that froze or was cut off): the caller then ends them
+        at once (`gateway.serving.upstream`). None where a gone worker's connections break by themselves (a
+        local process is killed, a remote endpoint refuses)."""
+        ...
+
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a running worker ended by itself: `cause` is short and bounded (`SIGSEGV`, `exit 1`, `unhealthy`:
-    a metric label), `message` says it for a person."""
+    """How a running worker ended by itself: `cause` is short and bounded (`SIGSEGV`, `exit 1`, `unhealthy`,
+    `frozen`: a metric label), `message` says it for a person. `grace_s`: how long its remains may take to stop
+    (a frozen one gets none: resumed, it would end its requests in its own words, not the freeze's)."""
 
     cause: str
     message: str
+    grace_s: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,11 @@ transport errors and the mapping of the worker's error answers to the gateway's 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
+import weakref
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
@@ -63,6 +67,8 @@ class Upstream:
         self._client = client
         self._timeout_ext = timeout.as_dict()
         self._urls: dict[str, httpx.URL] = {}  # by the worker's base URL + path: parsed once, not per request
+        self._streams: weakref.WeakSet[httpx.Response] = weakref.WeakSet()  # open bodies, cut if the worker is lost
+        self._watched: asyncio.Future[str] | None = None  # the lost signal `_cut_streams` waits on
 
     def _url(self, request: AnyEngineRequest) -> httpx.URL:
         """The worker's URL for `request`'s kind, parsed once: httpx would parse a URL string on every request,
@@ -91,12 +97,25 @@ class Upstream:
     def _refused(self, status: int, content: bytes) -> GatewayError:
         return upstream_error_to_gateway(self.deployment.adapter.normalize_error(status, content))
 
-    async def post(self, request: AnyEngineRequest) -> dict[str, Any]:
-        """The worker's whole answer, a JSON object; raises `GatewayError` for every other outcome."""
+    async def _send(self, request: AnyEngineRequest, *, stream: bool) -> httpx.Response:
+        """Send; a transport failure, or the worker declared lost before the answer (its `lost_signal`), is
+        the `GatewayError` that says so."""
+        worker = self.deployment.worker
+        lost = worker.lost_signal()
         try:
-            response = await self._client.send(self._request(request))
+            if lost is None:
+                return await self._client.send(self._request(request), stream=stream)
+            return await _unless_lost(self._client.send(self._request(request), stream=stream), lost)
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.deployment.name) from None
+        except WorkerLost as exc:
+            raise GatewayError(
+                ErrorCode.WORKER_UNAVAILABLE, worker.connection_lost(str(exc)), retry_after_s=5
+            ) from None
+
+    async def post(self, request: AnyEngineRequest) -> dict[str, Any]:
+        """The worker's whole answer, a JSON object; raises `GatewayError` for every other outcome."""
+        response = await self._send(request, stream=False)
         if response.status_code != 200:
             raise self._refused(response.status_code, response.content)
         try:
@@ -110,14 +129,53 @@ class Upstream:
     async def open_stream(self, request: AnyEngineRequest) -> httpx.Response:
         """The worker's streamed answer, open with status 200 (the caller closes it); a refusal is read whole,
         closed and raised as `GatewayError`, before any byte reaches the client."""
-        try:
-            response = await self._client.send(self._request(request), stream=True)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.deployment.name) from None
+        response = await self._send(request, stream=True)
         if response.status_code != 200:
             try:
                 content = await response.aread()
             finally:
                 await response.aclose()
             raise self._refused(response.status_code, content)
+        self._cut_if_lost(response)
         return response
+
+    def _cut_if_lost(self, response: httpx.Response) -> None:
+        """Keep an open body to cut (its socket shut) if the worker is declared lost: the relay's pending read
+        then fails at once as a broken connection, its error frame naming the host. Costs nothing per chunk."""
+        lost = self.deployment.worker.lost_signal()
+        if lost is None:
+            return
+        self._streams.add(response)
+        if lost is not self._watched:
+            self._watched = lost
+            lost.add_done_callback(lambda _: self._cut_streams())
+
+    def _cut_streams(self) -> None:
+        for response in list(self._streams):
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None  # asyncio's TransportSocket
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._streams.clear()
+
+
+class WorkerLost(Exception):
+    """The worker was declared lost while a call waited for its answer (the reason is the message)."""
+
+
+async def _unless_lost(call: Coroutine[Any, Any, httpx.Response], lost: asyncio.Future[str]) -> httpx.Response:
+    """`call`'s response, or `WorkerLost` as soon as `lost` resolves first (the call is cancelled)."""
+    if lost.done():
+        call.close()
+        raise WorkerLost(lost.result())
+    task = asyncio.ensure_future(call)
+    waiting: set[asyncio.Future[Any]] = {task, lost}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise WorkerLost(lost.result())

@@ -131,6 +131,9 @@ class FakeWorker:
 
     headers = NO_HEADERS
 
+    def lost_signal(self) -> None:
+        return None
+
     def connection_lost(self, cause: str) -> str:
         return restarted_message(self.name, cause)
 

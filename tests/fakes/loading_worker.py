@@ -87,6 +87,9 @@ class FakeLoadingWorker:
 
     headers = NO_HEADERS
 
+    def lost_signal(self) -> None:
+        return None
+
     def connection_lost(self, cause: str) -> str:
         return restarted_message(self.name, cause)
 

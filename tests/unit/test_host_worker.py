@@ -122,6 +122,24 @@ class _Adapter:
         return {"stream": True}
 
 
+async def _server_that_freezes(first_frame: bool) -> tuple[asyncio.Server, str]:
+    """A worker on a host that freezes: it reads the request, sends (with `first_frame`) the head and one SSE
+    frame, then nothing, holding the connection open (a stopped host closes nothing)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if first_frame:
+            frame = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 100000\r\n\r\n"
+                         + frame)  # fmt: skip
+            await writer.drain()
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
 async def _server_that_breaks_mid_stream() -> tuple[asyncio.Server, str]:
     """A worker that sends one SSE frame of a longer body, then drops the connection (as a dying host does)."""
 
@@ -140,7 +158,7 @@ async def _server_that_breaks_mid_stream() -> tuple[asyncio.Server, str]:
 async def _relay_through(worker: object) -> dict[str, str]:
     """Stream through the real Upstream and relay from `worker`; the error frame the client gets."""
     deployment = SimpleNamespace(name="m", worker=worker, adapter=_Adapter())
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=600) as client:
         upstream = Upstream(cast(Deployment, deployment), client, httpx.Timeout(10.0))
         response = await upstream.open_stream(cast(AnyEngineRequest, SimpleNamespace(kind=RequestKind.CHAT)))
         try:
@@ -173,9 +191,45 @@ async def test_a_stream_cut_on_another_host_names_the_host_and_what_happens_next
 
 async def test_a_stream_cut_on_a_local_worker_keeps_saying_it_is_restarted() -> None:
     server, url = await _server_that_breaks_mid_stream()
-    local = SimpleNamespace(base_url=lambda: url, headers={}, connection_lost=partial(restarted_message, "m"))
+    local = SimpleNamespace(base_url=lambda: url, headers={}, connection_lost=partial(restarted_message, "m"),
+                            lost_signal=lambda: None)  # fmt: skip
     try:
         error = await _relay_through(local)
     finally:
         server.close()
     assert error["message"] == "model 'm': worker connection lost (RemoteProtocolError); it is being restarted"
+
+
+async def test_a_lost_host_ends_the_calls_in_flight_there_at_once() -> None:
+    """Issue 35 item 7: a frozen host closes no connection; once it is declared lost, a unary call waiting for
+    its answer and a stream waiting for its next frame end at once (not after `upstream_timeout_s`, 600 s
+    here), each with a 503 / error frame naming the host."""
+    silent, silent_url = await _server_that_freezes(first_frame=False)
+    midway, midway_url = await _server_that_freezes(first_frame=True)
+    unary_agent, stream_agent = FakeHostAgent(), FakeHostAgent()
+    unary_agent.url, stream_agent.url = silent_url, midway_url
+    unary_worker = HostWorker(PLAN, unary_agent, interval_s=0.05)
+    stream_worker = HostWorker(PLAN, stream_agent, interval_s=0.05)
+    try:
+        await unary_worker.ensure_ready(5)
+        await stream_worker.ensure_ready(5)
+        deployment = SimpleNamespace(name="m", worker=unary_worker, adapter=_Adapter())
+        async with httpx.AsyncClient(timeout=600) as client:
+            upstream = Upstream(cast(Deployment, deployment), client, httpx.Timeout(600.0))
+            call = asyncio.create_task(upstream.post(cast(AnyEngineRequest, SimpleNamespace(kind=RequestKind.CHAT))))
+            relayed = asyncio.create_task(_relay_through(stream_worker))
+            await asyncio.sleep(0.3)
+            assert not call.done() and not relayed.done()  # both wait on a host that says nothing
+            unary_agent.lose()
+            stream_agent.lose()
+            with pytest.raises(GatewayError) as refused:
+                await asyncio.wait_for(call, 30)  # a hang guard, not a speed limit
+            error = await asyncio.wait_for(relayed, 30)
+    finally:
+        await unary_worker.stop()
+        await stream_worker.stop()
+        silent.close()
+        midway.close()
+    assert refused.value.code is ErrorCode.WORKER_UNAVAILABLE
+    assert "host 'b'" in refused.value.message and "is lost" in refused.value.message, refused.value.message
+    assert error["code"] == "worker_unavailable" and "host 'b'" in error["message"], error

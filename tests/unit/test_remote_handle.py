@@ -150,8 +150,9 @@ async def ready_then_failed(endpoint: Endpoint, client: httpx.AsyncClient) -> No
     await until(lambda: worker.state is WorkerState.FAILED)
     error = unavailable(worker)
     assert endpoint.url in error.message and "ConnectError" in error.message
+    # a call broken once the endpoint is known to be down also says how it went down
     assert worker.connection_lost("ReadError") == (
-        f"model 'm': the connection to its endpoint {endpoint.url} was lost (ReadError)"
+        f"model 'm': the connection to its endpoint {endpoint.url} was lost (ReadError: {worker.last_error})"
     )
     started = time.monotonic()
     with pytest.raises(WorkerStartError, match="is not answering"):  # a request waiting meanwhile: not a hang
