@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -124,7 +125,21 @@ def serve(
     )
     logging.getLogger("voltgate").info("serving on http://%s:%s/v1", cfg.server.host, cfg.server.port)
     gc.freeze()  # the start-up heap (modules, schemas, plans) is never garbage: no collection walks it again
+    _exit_zero_after_drain()
     server.run()
+
+
+def _exit_zero_after_drain() -> None:
+    """A SIGTERM or SIGINT stop that drained cleanly exits 0 (what systemd and Kubernetes count as a clean stop).
+    uvicorn catches the signal, drains, then restores the handler it found and raises the signal again: that
+    handler is this one. Without it the default handler ends the process by the signal, or, in `--cluster` mode,
+    Ray's handler (installed by `ray.init`) exits with status 15."""
+
+    def clean_exit(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, clean_exit)
 
 
 def _local_app(cfg: Config, config: Path | None, watch_config: bool) -> FastAPI:

@@ -71,9 +71,12 @@ def gateway(local_cluster: LocalCluster, smollm2_path: Path, tmp_path: Path) -> 
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(60)
+            code = process.wait(60)
         except subprocess.TimeoutExpired:
             process.kill()
+            raise
+        # exit 0 after a clean drain, not Ray's SIGTERM handler's 15 (what systemd records as a failure)
+        assert code == 0, f"exit {code} after SIGTERM:\n{log.read_text()[-3000:]}"
 
 
 def _until(check: Callable[[], bool], log: Path, what: str) -> float:
