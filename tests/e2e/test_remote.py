@@ -107,9 +107,7 @@ def test_an_endpoint_that_goes_away_gives_503_not_a_hang(fronted: Gateway, upstr
     assert ready.json()["models"]["team-small"]["state"] == "failed"
 
 
-def test_an_endpoint_that_answers_again_is_served_again_within_the_bound(
-    fronted: Gateway, upstream: Upstream
-) -> None:
+def test_an_endpoint_that_answers_again_is_served_again_within_the_bound(fronted: Gateway, upstream: Upstream) -> None:
     """After more failed checks than a local model's crash limit, it is not given up on (docs/lifecycle.md: READY
     within 10 s of the endpoint answering again)."""
     upstream.kill()  # already down after the test above; down for good when run alone

@@ -93,6 +93,8 @@ async def test_each_model_shows_its_prefix_hit_share_and_the_prefill_it_saved() 
                            open_mode=False, accepting=True)  # fmt: skip
     shares = {m.name: (m.prefix_hit_share, m.prefill_saved_s) for m in report.models}
     assert shares == {"a": (0.45, 0.0), "b": (None, 0.0)}  # no prefill speed known yet: no seconds
+
+
 async def test_a_reasoning_models_first_answer_token_is_predicted_after_its_thinking() -> None:
     """One stream at 100 tok/s, TTFT 0.522 s (tests/unit/test_live_speed.py): 300 thinking tokens first are 3 s
     more. A default that does not bound the thinking predicts no answer time."""
