@@ -83,6 +83,8 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", required=True, type=_positive, help="context tokens per slot (per sequence)")
     p.add_argument("--slots", required=True, type=_positive, help="sequences decoded together")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to the GPU (-1 = all)")
+    p.add_argument("--n-cpu-moe", type=int, default=0,
+                   help="a MoE's routed experts of the first N layers stay in host memory (-1 = all), as llama.cpp's")  # fmt: skip
 
 
 def _decoding_args(p: argparse.ArgumentParser) -> None:
@@ -186,6 +188,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
             flash_attn=args.flash_attn,
             kv_unified=args.kv_unified,
             cache_type=_cache_type(args),
+            n_cpu_moe=args.n_cpu_moe,
         ),
         max_queue=args.max_queue,
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),

@@ -50,6 +50,7 @@ class ContextOptions:
     flash_attn: bool = True
     kv_unified: bool = False
     cache_type: str = "f16"
+    n_cpu_moe: int = 0  # a MoE's routed experts of the first N layers in host memory; -1: every layer
 
 
 class LogForwarder:
@@ -99,8 +100,11 @@ def extra_bufts_decision(setting: cpu_features.ExtraBufts | None = None) -> cpu_
     return cpu_features.decide_extra_bufts(flags, cpu_features.build_features(system_info()), chosen)
 
 
-def load_model(path: Path, *, n_gpu_layers: int, decision: cpu_features.ExtraBuftsDecision | None = None) -> Any:
-    """`llama_model_load_from_file` with the host's safe buffer setting; every worker loads through here."""
+def load_model(
+    path: Path, *, n_gpu_layers: int, decision: cpu_features.ExtraBuftsDecision | None = None, n_cpu_moe: int = 0
+) -> Any:
+    """`llama_model_load_from_file` with the host's safe buffer setting; every worker loads through here.
+    `n_cpu_moe`: keep the routed experts of the first N layers (-1: all) in host memory (`expert_overrides`)."""
     init_backend()
     decision = decision or extra_bufts_decision()
     if not decision.use_extra_bufts:
@@ -108,17 +112,51 @@ def load_model(path: Path, *, n_gpu_layers: int, decision: cpu_features.ExtraBuf
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
     mparams.use_extra_bufts = decision.use_extra_bufts
+    overrides = expert_overrides(n_cpu_moe)  # kept alive until the load returns: llama.cpp reads it meanwhile
+    if overrides is not None:
+        mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     model = lib.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise NativeError(f"failed to load model from {path}")
     return model
 
 
+class _BuftOverride(ctypes.Structure):
+    """llama.h's `llama_model_tensor_buft_override`: tensors whose name matches `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+EXPERT_TENSORS = r"\.ffn_(up|down|gate)_(ch|)exps"
+"""The routed experts' weight names after `blk.N` (llama.cpp's `LLM_FFN_EXPS_REGEX`, what `--n-cpu-moe` moves)."""
+
+
+def expert_overrides(n_cpu_moe: int) -> ctypes.Array[_BuftOverride] | None:
+    """The override list (ended by a null entry) that puts the routed experts of layers 0..n-1 (every layer for
+    -1) in the CPU's buffer type, as llama.cpp's `--n-cpu-moe N` (`--cpu-moe` for all); None for 0."""
+    if n_cpu_moe == 0:
+        return None
+    patterns = [EXPERT_TENSORS] if n_cpu_moe < 0 else [rf"blk\.{i}{EXPERT_TENSORS}" for i in range(n_cpu_moe)]
+    cpu = _ggml_cpu()
+    cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    buft = cpu.ggml_backend_cpu_buffer_type()
+    entries = [_BuftOverride(p.encode(), buft) for p in patterns] + [_BuftOverride(None, None)]
+    return (_BuftOverride * len(entries))(*entries)
+
+
+def _ggml_cpu() -> ctypes.CDLL:
+    """llama-cpp-python's own libggml-cpu (the CPU backend libllama was built with), already loaded by it."""
+    found = sorted((Path(_llama_cpp.__file__).parent / "lib").glob("libggml-cpu*.so*"))
+    if not found:
+        raise NativeError("llama-cpp-python ships no libggml-cpu: experts cannot be kept in host memory")
+    return ctypes.CDLL(str(found[0]))
+
+
 class Model:
     """A loaded GGUF model and its one context (one KV cache, `n_seq_max` sequences)."""
 
     def __init__(self, path: Path, options: ContextOptions) -> None:
-        self._model = load_model(path, n_gpu_layers=options.n_gpu_layers)
+        self._model = load_model(path, n_gpu_layers=options.n_gpu_layers, n_cpu_moe=options.n_cpu_moe)
         self._vocab = lib.llama_model_get_vocab(self._model)
 
         max_seqs = int(lib.llama_max_parallel_sequences())
