@@ -11,8 +11,8 @@ def test_none_for_no_layers_one_pattern_per_layer_otherwise_and_one_for_all() ->
     assert expert_overrides(0) is None
     two = expert_overrides(2)
     assert two is not None and len(two) == 3
-    assert [e.pattern for e in two] == [rb"blk\.0\.ffn_(up|down|gate)_(ch|)exps", rb"blk\.1\.ffn_(up|down|gate)_(ch|)exps",
-                                        None]  # fmt: skip
+    experts = rb"\.ffn_(up|down|gate)_(ch|)exps"
+    assert [e.pattern for e in two] == [rb"blk\.0" + experts, rb"blk\.1" + experts, None]
     assert two[0].buft and two[0].buft == two[1].buft and two[2].buft is None  # the CPU buffer type, then the end
     every = expert_overrides(-1)
     assert every is not None and len(every) == 2

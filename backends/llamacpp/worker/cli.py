@@ -84,7 +84,7 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", required=True, type=_positive, help="sequences decoded together")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to the GPU (-1 = all)")
     p.add_argument("--n-cpu-moe", type=int, default=0,
-                   help="a MoE's routed experts of the first N layers stay in host memory (-1 = all), as llama.cpp's")  # fmt: skip
+                   help="a MoE's routed experts of the first N layers stay in host memory (-1 = all)")  # fmt: skip
 
 
 def _decoding_args(p: argparse.ArgumentParser) -> None:
