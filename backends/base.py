@@ -37,7 +37,9 @@ class LlamaCppOptions(_Frozen):
     slots: int | None = Field(default=None, ge=1, le=256, description="parallel sequences (continuous batching)")
     n_gpu_layers: int | None = Field(default=None, ge=-1, description="-1 = all; default from the plan")
     n_cpu_moe: int = Field(
-        default=0, ge=-1, description="a MoE's routed experts of the first N layers stay in host memory while the "
+        default=0,
+        ge=-1,
+        description="a MoE's routed experts of the first N layers stay in host memory while the "
         "rest of those layers is on the GPU (llama.cpp's --n-cpu-moe; -1 = every layer's experts)",
     )
     flash_attn: bool = True
