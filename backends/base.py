@@ -98,6 +98,8 @@ class DeploymentPlan(_Frozen):
     )
     slots: int = Field(default=1, ge=1, description="sequences served at once")
     n_gpu_layers: int = 0
+    n_cpu_moe: int = Field(default=0, ge=-1, description="llama.cpp MoE: routed experts of the first N layers in "
+                           "host memory (-1: all)")  # fmt: skip
     cache_max_entry_count: float | None = None
     quant_policy: Literal[0, 4, 8] = 0
     max_batch_size: int | None = None

@@ -58,8 +58,8 @@ class LlamaCppAdapter:
         ]  # fmt: skip
         if opts.n_threads is not None:
             argv += ["--n-threads", str(opts.n_threads)]
-        if opts.n_cpu_moe != 0 and plan.task == "generate":
-            argv += ["--n-cpu-moe", str(opts.n_cpu_moe)]
+        if plan.n_cpu_moe != 0 and plan.task == "generate":
+            argv += ["--n-cpu-moe", str(plan.n_cpu_moe)]
         if opts.prompt_cache_mib is not None:
             argv += ["--prompt-cache-mib", str(opts.prompt_cache_mib)]
         if not opts.flash_attn:

@@ -294,6 +294,14 @@ class LlamaCppFit(NamedTuple):
     n_gpu_layers: int
     layers_per_gpu: dict[int, int]
     estimate: MemoryEstimate
+    n_cpu_moe: int = 0
+
+
+def experts_on_host(source: SourceInfo, n_cpu_moe: int) -> list[int]:
+    """Per block, the routed-expert bytes that `n_cpu_moe` keeps in host memory (all for -1, the first N)."""
+    experts = source.layer_expert_bytes or (0,) * source.shape.n_layers
+    count = len(experts) if n_cpu_moe < 0 else min(n_cpu_moe, len(experts))
+    return [size if layer < count else 0 for layer, size in enumerate(experts)]
 
 
 def fit_llamacpp(
@@ -305,19 +313,22 @@ def fit_llamacpp(
     n_offload: int,
     kv_element_bytes: float = 2.0,
     projector_bytes: int = 0,
+    n_cpu_moe: int = 0,
 ) -> LlamaCppFit | Shortfall:
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
     llama.cpp's layer split; `n_layers + 1` or more also moves the output head (everything offloaded);
     0 is the CPU. `kv_element_bytes` is the KV cache type's (LLAMACPP_KV_ELEMENT_BYTES). `projector_bytes`: an
     image model's projector, which the worker loads on the first GPU when any layer is offloaded, else on the
-    CPU. Host memory is not checked here."""
+    CPU. `n_cpu_moe`: a MoE's routed experts of the first N blocks (-1: all) stay in host memory while the rest
+    of those blocks is offloaded (llama.cpp's --n-cpu-moe). Host memory is not checked here."""
     shape = source.shape
     n_layers = shape.n_layers
     full = n_offload > n_layers
     first = n_layers - min(n_offload, n_layers)
     kv_layer = [shape.layer_kv_bytes_per_token(layer, kv_element_bytes) * n_ctx_total for layer in range(n_layers)]
-    need = [source.layer_bytes[layer] + kv_layer[layer] for layer in range(n_layers)]
+    kept = experts_on_host(source, n_cpu_moe)
+    need = [source.layer_bytes[layer] - kept[layer] + kv_layer[layer] for layer in range(n_layers)]
     compute = llamacpp_compute_bytes(shape, n_ctx_total, n_batch)
     # With every layer offloaded the output head goes too; a tied head is a copy of the embedding there.
     output = source.output_bytes + (source.embedding_bytes if source.tied_embeddings else 0) if full else 0
@@ -325,26 +336,21 @@ def fit_llamacpp(
     overhead = LLAMACPP_CUDA_CONTEXT_BYTES + compute
     placed = _offload(offloaded, budgets, overhead, output, projector_bytes) if offloaded else ({}, {})
     if placed is None:
-        have = sum(budgets.values())
         want = sum(offloaded) + len(budgets) * overhead + output + projector_bytes
-        on = "GPU " + ", ".join(map(str, sorted(budgets)))
-        return Shortfall(
-            max(want, have + 1),
-            have,
-            f"{'all' if full else n_offload} layers on {on} need {gib(want)} (KV for {n_ctx_total} "
-            f"tokens and {gib(overhead)} per GPU included), have {gib(have)}",
-        )
+        layers = f"{'all' if full else n_offload} layers{_experts_kept(kept)}"
+        return _lc_shortfall(layers, budgets, want, f"KV for {n_ctx_total} tokens and {gib(overhead)} per GPU")
     counts, per_gpu = placed
     n_gpus = len(per_gpu)
     host_compute = 0 if full else compute  # the CPU runs whatever is not offloaded
     host_weights = sum(source.layer_bytes[:first]) + source.embedding_bytes + (0 if full else source.output_bytes)
+    host_weights += sum(kept[first:])  # experts kept on the host from blocks otherwise offloaded
     host_projector = 0 if offloaded else projector_bytes
     return LlamaCppFit(
         n_gpu_layers=-1 if full else n_offload,
         layers_per_gpu=counts,
         estimate=MemoryEstimate(
             engine=EngineName.LLAMACPP,
-            weights_bytes=sum(source.layer_bytes[first:]) + output + host_weights,
+            weights_bytes=sum(source.layer_bytes[first:]) - sum(kept[first:]) + output + host_weights,
             kv_cache_bytes=sum(kv_layer),
             runtime_bytes=compute * n_gpus + host_compute,
             vision_encoder_bytes=projector_bytes,
@@ -353,7 +359,21 @@ def fit_llamacpp(
             gpu_bytes=per_gpu,
             host_bytes=host_weights + sum(kv_layer[:first]) + host_compute + host_projector,
         ),
+        n_cpu_moe=n_cpu_moe if any(kept) else 0,
     )
+
+
+def _lc_shortfall(layers: str, budgets: dict[int, int], want: int, included: str) -> Shortfall:
+    have = sum(budgets.values())
+    on = "GPU " + ", ".join(map(str, sorted(budgets)))
+    return Shortfall(
+        max(want, have + 1), have, f"{layers} on {on} need {gib(want)} ({included} included), have {gib(have)}"
+    )
+
+
+def _experts_kept(kept: list[int]) -> str:
+    layers = sum(1 for size in kept if size)
+    return f" (the routed experts of {layers} of them in host memory)" if layers else ""
 
 
 def _offload(

@@ -83,6 +83,9 @@ class SourceInfo(_Frozen):
     shape: ModelShape
     weights_bytes: int = Field(description="all tensors; float HF tensors counted as float16")
     layer_bytes: tuple[int, ...] = Field(description="per transformer block")
+    layer_expert_bytes: tuple[int, ...] = Field(
+        default=(), description="a GGUF MoE: the routed experts' share of each block (`*_exps` tensors); () if none"
+    )
     embedding_bytes: int = Field(description="token embedding (llama.cpp keeps it in host memory)")
     output_bytes: int = Field(description="everything else: output head, final norm")
     tied_embeddings: bool = Field(default=False, description="no output head: the embedding doubles as one")
@@ -293,11 +296,15 @@ def inspect_gguf(path: Path) -> SourceInfo:
     return _inspect_gguf_files(path, identity)
 
 
+BF16_GGUF_WARNING = "BF16 GGUF: V100 has no BF16 arithmetic; an F16 or Q8_0 GGUF runs better"
+
+
 @dataclass
 class _GGUFTally:
     """A GGUF's tensor bytes by where llama.cpp puts them: per block, token embedding, everything else."""
 
     layers: list[int]
+    experts: list[int]
     embedding: int = 0
     other: int = 0
     n_params: int = 0
@@ -308,7 +315,7 @@ class _GGUFTally:
 
 def _tally(readers: list[Any], n_layers: int) -> _GGUFTally:
     """Sum the tensors of every file of a (possibly split) GGUF."""
-    tally = _GGUFTally(layers=[0] * n_layers)
+    tally = _GGUFTally(layers=[0] * n_layers, experts=[0] * n_layers)
     for reader in readers:
         for t in reader.tensors:
             nbytes = int(t.n_bytes)
@@ -319,6 +326,8 @@ def _tally(readers: list[Any], n_layers: int) -> _GGUFTally:
             match = _GGUF_LAYER.match(t.name)
             if match and int(match.group(1)) < n_layers:
                 tally.layers[int(match.group(1))] += nbytes
+                if "_exps" in t.name:  # ffn_{up,down,gate,gate_up}_exps: the routed experts, not the shared
+                    tally.experts[int(match.group(1))] += nbytes
             elif t.name == "token_embd.weight":
                 tally.embedding += nbytes
             else:
@@ -356,10 +365,8 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     tokens = meta.fields.get("tokenizer.ggml.tokens")
 
     tally = _tally(readers, int(n_layers))
-    warnings = []
     label = _gguf_label(field("general.file_type"), tally.by_type)
-    if label == "BF16":
-        warnings.append("BF16 GGUF: V100 has no BF16 arithmetic; an F16 or Q8_0 GGUF runs better")
+    warnings = [BF16_GGUF_WARNING] if label == "BF16" else []
     return SourceInfo(
         path=path,
         format="gguf",
@@ -380,6 +387,7 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
         ),
         weights_bytes=tally.weights,
         layer_bytes=tuple(tally.layers),
+        layer_expert_bytes=tuple(tally.experts) if any(tally.experts) else (),
         embedding_bytes=tally.embedding,
         output_bytes=tally.other,
         tied_embeddings=not tally.has_output,

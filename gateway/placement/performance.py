@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import SpeedMetric
-from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, kv_element_bytes
+from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, experts_on_host, kv_element_bytes
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
 
@@ -176,6 +176,17 @@ class Workload:
     tp: int = 1
     host_threads: int = 8
     prefill_ceiling_flops: float | None = None
+    gpu_expert_bytes: float = 0.0
+    """A mixture of experts: the routed experts' part of `gpu_weight_bytes` (all experts)."""
+    host_expert_bytes: float = 0.0
+    """The same of `host_weight_bytes`."""
+    expert_share: float = 1.0
+    """The share of the routed experts one token reads (active / all)."""
+
+    def read_share(self, sessions: float) -> float:
+        """The share of the routed experts a step of `sessions` tokens reads (uniform routing: each expert is
+        missed by every token with probability 1 - expert_share)."""
+        return 1.0 - float((1.0 - self.expert_share) ** max(sessions, 1.0))
 
 
 class PredictionInputs(BaseModel):
@@ -274,14 +285,20 @@ class Prediction(BaseModel):
 def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: int) -> float:
     """One decode step with `sessions` sessions at `context` tokens each."""
     step = work.step.seconds(sessions)
+    unread = 1.0 - work.read_share(sessions)  # routed experts no token of the step reads
+    active = 1.0 - work.expert_share  # per token, the experts' params not computed
     if gpu is not None and work.gpu_weight_bytes:
-        read = work.gpu_weight_bytes + sessions * context * work.gpu_kv_bytes_per_token
+        read = work.gpu_weight_bytes - work.gpu_expert_bytes * unread + sessions * context * work.gpu_kv_bytes_per_token
         memory = read / (COPY_EFFICIENCY * gpu.bandwidth_bytes_s)
-        compute = 2 * work.gpu_params * sessions / (gpu.fp16_tflops * 1e12 * DECODE_MFU)
+        params = work.gpu_params * (1 - active * work.gpu_expert_bytes / work.gpu_weight_bytes)
+        compute = 2 * params * sessions / (gpu.fp16_tflops * 1e12 * DECODE_MFU)
         step += max(memory, compute) + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1)
     if work.host_weight_bytes:
-        read = work.host_weight_bytes + sessions * context * work.host_kv_bytes_per_token
-        compute = 2 * work.host_params * sessions / (work.host_threads * CPU_DECODE_FLOPS_PER_THREAD)
+        read = (
+            work.host_weight_bytes - work.host_expert_bytes * unread + sessions * context * work.host_kv_bytes_per_token
+        )
+        params = work.host_params * (1 - active * work.host_expert_bytes / work.host_weight_bytes)
+        compute = 2 * params * sessions / (work.host_threads * CPU_DECODE_FLOPS_PER_THREAD)
         step += max(read / HOST_BANDWIDTH, compute)
     return step
 
@@ -295,12 +312,14 @@ def prefill_flops(work: Workload, gpu: GPUSpec) -> float:
 def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
     """One prompt of `tokens` on an idle deployment (in 512-token batches)."""
     batches = math.ceil(tokens / 512)
+    params = work.gpu_params + work.host_params  # a token computes only its active experts:
+    weights = work.gpu_weight_bytes + work.host_weight_bytes
+    params *= 1 - (1 - work.expert_share) * (work.gpu_expert_bytes + work.host_expert_bytes) / max(weights, 1)
     if gpu is None:
-        params = work.gpu_params + work.host_params
         return batches * work.step.fixed_s + 2 * params * tokens / (work.host_threads * CPU_PREFILL_FLOPS_PER_THREAD)
     flops = prefill_flops(work, gpu)
     seconds = batches * (work.step.fixed_s + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1))
-    seconds += 2 * (work.gpu_params + work.host_params) * tokens / flops  # CPU layers' matmuls run on the GPU
+    seconds += 2 * params * tokens / flops  # CPU layers' matmuls run on the GPU
     return seconds + batches * work.host_weight_bytes / PCIE_BANDWIDTH
 
 
@@ -366,8 +385,10 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
     first = 0 if full else n - plan.n_gpu_layers
     element = LLAMACPP_KV_ELEMENT_BYTES[plan.kv_cache_type]
     kv = [shape.layer_kv_bytes_per_token(layer, element) for layer in range(n)]
-    gpu_read = sum(source.layer_bytes[first:]) + (head if full else 0) if first < n else 0
-    host_read = sum(source.layer_bytes[:first]) + (0 if full else head)
+    experts = source.layer_expert_bytes or (0,) * n
+    kept = sum(experts_on_host(source, plan.n_cpu_moe)[first:])  # experts of offloaded blocks kept on the host
+    gpu_read = sum(source.layer_bytes[first:]) - kept + (head if full else 0) if first < n else 0
+    host_read = sum(source.layer_bytes[:first]) + kept + (0 if full else head)
     step, ceiling = _llamacpp_step(plan.quant) if gpu_read else (STEP_COSTS["llamacpp-cpu"], None)
     return Workload(
         "llamacpp",
@@ -381,6 +402,9 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         host_params=host_read * params_per_byte,
         host_threads=plan.llamacpp.n_threads or host_threads,
         prefill_ceiling_flops=ceiling,
+        gpu_expert_bytes=sum(experts[first:]) - kept if gpu_read else 0,
+        host_expert_bytes=sum(experts[:first]) + kept,
+        expert_share=shape.n_experts_used / shape.n_experts if shape.n_experts and any(experts) else 1.0,
     )
 
 

@@ -22,6 +22,7 @@ from gateway.config import Config, GGUFSource, HFSource, ModelSpec, PlacementSet
 from gateway.placement.choice import predict_placed
 from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
+from gateway.placement.experts import try_llamacpp_offload
 from gateway.placement.hints import refusal_hints
 from gateway.placement.host_cache import with_prompt_cache
 from gateway.placement.inspection import InspectionError, SourceInfo, inspect_source
@@ -39,7 +40,6 @@ from gateway.placement.rungs import (
     ModelWork,
     Placed,
     try_llamacpp_cpu,
-    try_llamacpp_partial,
 )
 from gateway.placement.swapping import plan_residency
 
@@ -334,7 +334,7 @@ def _fallback_rungs(entry: _Entry, budgets: dict[int, int], slots: int) -> list[
     elif forced == 0:
         entry.misses.append(Miss(LC_PARTIAL, "n_gpu_layers: 0 in the config"))
     elif budgets:
-        rungs.append((LC_PARTIAL, lambda s: try_llamacpp_partial(work, budgets, s, slots)))
+        rungs.append((LC_PARTIAL, lambda s: try_llamacpp_offload(work, budgets, s, slots)))
     if forced not in (None, 0):
         entry.misses.append(Miss(LC_CPU, f"n_gpu_layers: {forced} in the config"))
     elif work.spec.gpus is not None:

@@ -338,6 +338,7 @@ def _llamacpp_plan(
         context_tokens=context,
         slots=slots,
         n_gpu_layers=fit.n_gpu_layers,
+        n_cpu_moe=fit.n_cpu_moe,
         llamacpp=spec.llamacpp,
         lmdeploy=spec.lmdeploy,
         kv_cache_type="q8_0" if kv == "q8_0" else "f16",
@@ -481,7 +482,9 @@ def _fit_lc(
     slots: int,
     n_offload: int,
     kv: str = "f16",
+    n_cpu_moe: int | None = None,
 ) -> LlamaCppFit | Shortfall:
+    """`fit_llamacpp` for this model; `n_cpu_moe` None: the config's (0 unless pinned)."""
     return fit_llamacpp(
         source,
         budgets=budgets,
@@ -490,4 +493,5 @@ def _fit_lc(
         n_offload=n_offload,
         kv_element_bytes=LLAMACPP_KV_ELEMENT_BYTES[kv],
         projector_bytes=work.projector(source)[1],
+        n_cpu_moe=work.spec.llamacpp.n_cpu_moe if n_cpu_moe is None else n_cpu_moe,
     )

@@ -201,6 +201,24 @@ def write_hf_model(
     return directory
 
 
+QWEN3_30B_A3B: dict[str, Any] = {  # Qwen/Qwen3-30B-A3B's config.json, the fields the GGUF writer reads
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "gguf_arch": "qwen3moe",
+    "hidden_size": 2048,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "max_position_embeddings": 40960,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+}
+
+
 def _use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's rule for which layers Q4_K_M keeps at Q6_K (attn_v, ffn_down)."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
@@ -209,17 +227,25 @@ def _use_more_bits(i: int, n: int) -> bool:
 def _gguf_tensors(config: dict[str, Any], quant: str) -> Iterator[tuple[str, tuple[int, ...], str]]:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv, n = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
-    kv_dim, vocab = kv * hidden // heads, config["vocab_size"]
+    head_dim = config.get("head_dim", hidden // heads)
+    q_dim, kv_dim, vocab = heads * head_dim, kv * head_dim, config["vocab_size"]
     base = {"F16": "F16", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K"}[quant]
     yield "token_embd.weight", (vocab, hidden), base
     for i in range(n):
         more = "Q6_K" if quant == "Q4_K_M" and _use_more_bits(i, n) else base
         yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.attn_q.weight", (hidden, hidden), base
+        yield f"blk.{i}.attn_q.weight", (q_dim, hidden), base
         yield f"blk.{i}.attn_k.weight", (kv_dim, hidden), base
         yield f"blk.{i}.attn_v.weight", (kv_dim, hidden), more
-        yield f"blk.{i}.attn_output.weight", (hidden, hidden), base
+        yield f"blk.{i}.attn_output.weight", (hidden, q_dim), base
         yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
+        if "num_experts" in config:  # routed experts stacked per block, and the router
+            experts, width = config["num_experts"], config["moe_intermediate_size"]
+            yield f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), "F32"
+            yield f"blk.{i}.ffn_gate_exps.weight", (experts, width, hidden), base
+            yield f"blk.{i}.ffn_up_exps.weight", (experts, width, hidden), base
+            yield f"blk.{i}.ffn_down_exps.weight", (experts, hidden, width), more
+            continue
         yield f"blk.{i}.ffn_gate.weight", (inter, hidden), base
         yield f"blk.{i}.ffn_up.weight", (inter, hidden), base
         yield f"blk.{i}.ffn_down.weight", (hidden, inter), more
@@ -235,8 +261,15 @@ _FILE_TYPES = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.
 def write_gguf(path: Path, config: dict[str, Any], quant: str = "Q4_K_M") -> Path:
     """A GGUF of the model's real tensor infos and metadata, data section sparse."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), config.get("gguf_arch", "llama"))
     writer.add_name(path.stem)
+    if "num_experts" in config:
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if "head_dim" in config:
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -276,4 +309,5 @@ def build_zoo(root: Path) -> Path:
     for quant in ("Q8_0", "Q4_K_M"):
         write_gguf(root / f"llama2-70b.{quant}.gguf", LLAMA2_70B, quant)
     write_gguf(root / "qwen2-0.5b.Q8_0.gguf", QWEN2_0_5B, "Q8_0")
+    write_gguf(root / "qwen3-30b-a3b.Q4_K_M.gguf", QWEN3_30B_A3B, "Q4_K_M")
     return root

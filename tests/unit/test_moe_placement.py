@@ -1,0 +1,101 @@
+"""A mixture of experts on V100s (issue 39): inspection of the experts, the experts-in-host-memory rung, and its
+prediction against layer-wise offload.
+
+Qwen3-30B-A3B's real tensor layout as a header-only Q4_K_M GGUF (`tests.unit.placement_models`): 48 blocks,
+128 routed experts of which 8 are active, ~17 GiB. On a V100-32GB it fits whole; on a V100-16GB the plan keeps
+every block on the GPU and the routed experts of the fewest blocks in host memory, because a token reads 8 of
+128 experts there, where layer-wise offload leaves whole blocks, attention and KV included, to the CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Config
+from gateway.placement import plan_models
+from gateway.placement.experts import LC_EXPERTS
+from gateway.placement.inspection import inspect_gguf
+from gateway.placement.inventory import inventory_from_spec
+from gateway.placement.performance import workload_for
+from gateway.placement.report import PlacementReport
+from tests.unit.placement_models import QWEN3_30B_A3B, build_zoo
+from tests.unit.test_placement_policy import assert_not_overcommitted
+
+GGUF = "qwen3-30b-a3b.Q4_K_M.gguf"
+HOST_64GB = 64 << 30
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_zoo(tmp_path_factory.mktemp("zoo"))
+
+
+def plan(zoo: Path, gpus: str, host_bytes: int | None = HOST_64GB, **model: object) -> PlacementReport:
+    entry = {"name": "qwen3-moe", "sources": [{"gguf": GGUF}], "context": 8192, "concurrency": 2, **model}
+    config = Config.model_validate({"gpus": gpus, "models": [entry], "base_dir": zoo})
+    inventory = inventory_from_spec(gpus).model_copy(update={"host_memory_bytes": host_bytes})
+    report = plan_models(config, inventory)
+    assert_not_overcommitted(report)
+    return report
+
+
+def test_the_experts_are_read_per_block(zoo: Path) -> None:
+    info = inspect_gguf(zoo / GGUF)
+    assert (info.shape.n_experts, info.shape.n_experts_used) == (128, 8)
+    assert len(info.layer_expert_bytes) == 48
+    share = sum(info.layer_expert_bytes) / sum(info.layer_bytes)
+    assert 0.9 < share < 1.0  # the routed experts are nearly all of a block's bytes
+
+
+def test_whole_on_a_32gb_v100(zoo: Path) -> None:
+    decision = plan(zoo, "v100-32gb").decision("qwen3-moe")
+    assert decision.rung == "llamacpp-gpu" and decision.plan is not None
+    assert decision.plan.n_cpu_moe == 0 and decision.plan.n_gpu_layers == -1
+
+
+@pytest.mark.parametrize("gpus", ["v100-16gb", "2xv100-16gb"])
+def test_experts_in_host_memory_when_it_does_not_fit_whole(zoo: Path, gpus: str) -> None:
+    decision = plan(zoo, gpus).decision("qwen3-moe")
+    if gpus == "2xv100-16gb":  # two GPUs hold it whole
+        assert decision.rung == "llamacpp-gpu"
+        return
+    assert decision.rung == LC_EXPERTS, (decision.rejected, decision.refusal)
+    plan_ = decision.plan
+    assert plan_ is not None and plan_.n_gpu_layers == -1 and 0 < plan_.n_cpu_moe < 48
+    assert any("routed experts of" in note and "in host memory" in note for note in decision.notes), decision.notes
+    # the fewest blocks: one block fewer does not fit
+    assert decision.prediction is not None and decision.prediction.decode_tok_s_1 > 0
+    assert any(r.rung == "llamacpp-partial" and "predicted" in r.reason for r in decision.rejected), [
+        (r.rung, r.reason) for r in decision.rejected
+    ]
+
+
+def test_host_experts_predicted_faster_than_layer_offload_and_both_below_whole(zoo: Path) -> None:
+    info = inspect_gguf(zoo / GGUF)
+    experts = plan(zoo, "v100-16gb").decision("qwen3-moe")
+    assert experts.plan is not None and experts.prediction is not None
+    layers = experts.plan.model_copy(update={"n_cpu_moe": 0, "n_gpu_layers": 24})  # half the blocks instead
+    work_experts, work_layers = workload_for(experts.plan, info), workload_for(layers, info)
+    # per token the host reads the active experts' share of its experts only
+    assert work_experts.host_expert_bytes > 0 and work_experts.expert_share == 8 / 128
+    assert work_layers.host_weight_bytes > work_experts.host_weight_bytes * 0.4
+    whole = plan(zoo, "v100-32gb").decision("qwen3-moe").prediction
+    assert whole is not None and experts.prediction.decode_tok_s_1 < whole.decode_tok_s_1
+
+
+def test_a_pinned_split_is_honoured_and_counted(zoo: Path) -> None:
+    decision = plan(zoo, "v100-32gb", llamacpp={"n_cpu_moe": 10}).decision("qwen3-moe")
+    assert decision.rung == "llamacpp-gpu" and decision.plan is not None and decision.plan.n_cpu_moe == 10
+    whole = plan(zoo, "v100-32gb").decision("qwen3-moe")
+    assert decision.estimate is not None and whole.estimate is not None
+    assert sum(decision.estimate.gpu_bytes.values()) < sum(whole.estimate.gpu_bytes.values())
+
+
+def test_a_dense_model_never_gets_the_rung(zoo: Path) -> None:
+    config = Config.model_validate({"gpus": "v100-16gb", "models": [{"name": "big", "sources": [
+        {"gguf": "llama2-70b.Q4_K_M.gguf"}]}], "base_dir": zoo})  # fmt: skip
+    decision = plan_models(config, inventory_from_spec("v100-16gb")).decision("big")
+    assert decision.rung == "llamacpp-partial"
+    assert QWEN3_30B_A3B["num_experts"] == 128
