@@ -26,9 +26,10 @@ from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from backends.remote import RemoteAdapter
 from gateway import __version__
+from gateway.admission import Admission
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError, error_response
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.policy import policy_for
 from gateway.lifecycle.process import WorkerProcess
 from gateway.lifecycle.remote import RemoteHandle
@@ -44,7 +45,6 @@ from gateway.reload import Desired, Planner, Reloader
 from gateway.routes import admin, inference, messages, models, ops, responses, ui
 from gateway.routes.context import AppContext
 from gateway.routes.direct import DirectDispatch
-from gateway.serving.admission import Admission
 from gateway.serving.browser import BrowserGuardMiddleware
 from gateway.serving.middleware import RequestBodyMiddleware, RequestEdgeMiddleware
 from gateway.serving.service import Service

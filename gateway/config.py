@@ -13,8 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
 from gateway.config_errors import format_validation_error
-from gateway.serving.images import ImageLimits
-from gateway.serving.reasoning import ReasoningDefault
+from gateway.config_images import ImageLimits
+from gateway.protocol.reasoning import ReasoningDefault
 
 PACKAGE_PREFIX = "package:"
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from backends.base import DeploymentPlan
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import ModelMemory, estimates_from_placement
 from gateway.lifecycle.residency import Residency
 

@@ -43,7 +43,7 @@ from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, connect, hosts_from_agents, is_live
 from gateway.cluster.plan import ClusterReport, plan_cluster
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import ModelMemory, Pools, ReportedProbe
 from gateway.lifecycle.workers import Worker, WorkerState
 from gateway.ops.metrics import Metrics

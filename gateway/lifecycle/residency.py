@@ -12,20 +12,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
 from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, cluster_memory, estimates_from_placement
 from gateway.lifecycle.policy import BACKOFF_INITIAL_S
 from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
 from gateway.lifecycle.workers import WorkerStartError, WorkerState
-from gateway.ops.metrics import Metrics
 
-__all__ = ["Hold", "ModelState", "Progress", "Residency"]
+__all__ = ["Hold", "ModelState", "Progress", "Residency", "ResidencyMetrics"]
+
+
+class ResidencyMetrics(Protocol):
+    """What the residency reports to: `gateway.ops.metrics.Metrics` in the gateway, injected, so this floor
+    imports nothing above it (the Prometheus families are labelled by model; see docs/metrics.md)."""
+
+    load_wait: Any
+    model_loads: Any
+    load_duration: Any
+    model_evictions: Any
+    model_memory: Any
+
+    def set_model_state(self, model: str, state: str, states: Sequence[str]) -> None: ...
+
 
 log = logging.getLogger("voltgate.residency")
 
@@ -43,7 +56,7 @@ class Residency:
         self,
         registry: Registry,
         settings: ServerSettings,
-        metrics: Metrics,
+        metrics: ResidencyMetrics,
         pools: Pools,
         memory: Mapping[str, ModelMemory] | None = None,
     ) -> None:
@@ -62,7 +75,7 @@ class Residency:
         cls,
         registry: Registry,
         settings: ServerSettings,
-        metrics: Metrics,
+        metrics: ResidencyMetrics,
         placement: Mapping[str, Any],
         probe: MemoryProbe | None = None,
     ) -> Residency:

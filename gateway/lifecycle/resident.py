@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import Backoff, Policy
 from gateway.lifecycle.workers import WorkerState

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from backends.base import EngineName
 from gateway import __version__
-from gateway.deployments import Deployment, Registry
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, gpu_pool, on_host
 from gateway.lifecycle.residency import Residency
 from gateway.lifecycle.resident import ModelState

@@ -62,9 +62,9 @@ from gateway.protocol.chat_messages import (  # noqa: F401  (re-exported: the wi
     _OtherPart,
     _Strict,
 )
+from gateway.protocol.engine_requests import EngineTarget, check_kind, refuse
 from gateway.protocol.parsing import parse_body, validation_error
-from gateway.serving.engine_requests import EngineTarget, check_kind, refuse
-from gateway.serving.reasoning import Effort, ReasoningAsk, resolve
+from gateway.protocol.reasoning import Effort, ReasoningAsk, resolve
 
 ThinkingBudget = Annotated[int, Field(ge=0)]  # thinking tokens before the worker closes the thinking (0: none)
 

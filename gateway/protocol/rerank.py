@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import EngineCapabilities
 from backends.request import MAX_INPUTS, Count, EngineRerankRequest, RequestKind
+from gateway.protocol.engine_requests import EngineTarget, check_kind
 from gateway.protocol.parsing import parse_body
-from gateway.serving.engine_requests import EngineTarget, check_kind
 
 MAX_DOCUMENTS = MAX_INPUTS
 """Documents per request: the one limit in backends/request.py, which the worker enforces too."""

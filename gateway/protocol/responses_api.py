@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from backends.request import MaxTokens, Temperature, ToolName, TopLogprobs, TopP, missing_tool
+from gateway.protocol.reasoning import Effort
 from gateway.protocol.tagged import Body, Refused, type_tag
-from gateway.serving.reasoning import Effort
 
 
 # -- content parts --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Protocol
 
 from backends.base import EngineCapabilities
 from backends.request import AnyEngineRequest, RequestKind
-from gateway.serving.engine_requests import EngineTarget
+from gateway.protocol.engine_requests import EngineTarget
 
 
 class ServedRequest(Protocol):

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import Request
 
 from gateway.config import Config
-from gateway.deployments import Registry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Registry
 from gateway.ops.auth import KeyStore
 from gateway.ops.metrics import Metrics
 from gateway.ops.store import ResponseStore

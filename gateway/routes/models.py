@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment
 from gateway.protocol import Model, ModelList
 from gateway.routes.context import AppContext, app_context
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.deployments import Deployment
+from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.live_speed import placement_with_measured
 from gateway.routes.context import AppContext, app_context

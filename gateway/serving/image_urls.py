@@ -22,8 +22,9 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from gateway.config_images import RemoteImageOptions
 from gateway.errors import ErrorCode, GatewayError
-from gateway.serving.images import ImageBudget, ImageInput, RemoteImageOptions, decode_image
+from gateway.serving.images import ImageBudget, ImageInput, decode_image
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]

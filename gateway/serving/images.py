@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.config_images import ImageLimits
 from gateway.errors import ErrorCode, GatewayError
 
 ImageFormat = Literal["png", "jpeg", "webp", "gif"]
@@ -41,32 +41,6 @@ _ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg", "image/x-png
 _PILLOW_FORMATS: dict[ImageFormat, str] = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP", "gif": "GIF"}
 _DATA_URI = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,", re.I)
 _MiB = 1024 * 1024
-
-
-class RemoteImageOptions(BaseModel):
-    """Fetching `http(s)` image URLs (gateway/serving/image_urls.py). Off unless `allow_hosts` names a host."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    allow_hosts: tuple[str, ...] = Field(
-        default=(), description="hosts images may come from: `images.example.com` or `*.example.com`; empty: none"
-    )
-    max_bytes: int = Field(default=10 * _MiB, ge=1, description="a larger response is cut off and refused")
-    timeout_s: float = Field(default=10.0, gt=0, description="the whole fetch, redirects and body included")
-    max_redirects: int = Field(default=3, ge=0, description="each hop is checked again like the first URL")
-
-
-class ImageLimits(BaseModel):
-    """Per-request image limits (config key `images`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_images: int = Field(default=16, ge=0, description="image parts in one request")
-    max_image_bytes: int = Field(default=20 * _MiB, ge=1, description="one encoded image (after base64)")
-    max_total_bytes: int = Field(default=48 * _MiB, ge=1, description="all images of one request together")
-    max_side_px: int = Field(default=8192, ge=1, description="width or height")
-    max_pixels: int = Field(default=40_000_000, ge=1, le=80_000_000, description="width times height")
-    remote: RemoteImageOptions = RemoteImageOptions()
 
 
 @dataclass(frozen=True)

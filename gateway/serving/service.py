@@ -24,14 +24,14 @@ from starlette.requests import Request
 
 from backends.request import AnyEngineRequest, EngineImage, EngineRequest, RequestKind
 from gateway.config import PromptCacheSettings, ServerSettings
-from gateway.deployments import Deployment, Registry, Task
 from gateway.errors import GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry, Task
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import Residency
 from gateway.ops.metrics import Metrics
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.served import ServedRequest
-from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.prompt_prefix import ResponseChains, neutralise
 from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
 from gateway.serving.unary import Translate, UnaryCall, UnaryResult

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from backends.base import RequestKind
 from backends.request import AnyEngineRequest
-from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError, sse_error_frame
+from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.residency import Hold, Residency
 from gateway.ops.auth import Principal
 from gateway.ops.live_speed import Flight

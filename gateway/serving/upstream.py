@@ -23,8 +23,8 @@ import pydantic_core
 
 from backends.base import UpstreamError
 from backends.request import ENGINE_PATHS, AnyEngineRequest
-from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.workers import Worker, restarted_message
 
 _JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 
 from backends.request import EngineImage, ImageMediaType
+from gateway.config_images import ImageLimits
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.chat_messages import ImageUrlPart
 from gateway.protocol.requests import ChatCompletionRequest
 from gateway.serving.image_urls import RemoteImageFetcher
-from gateway.serving.images import ImageBudget, ImageInput, ImageLimits, load_data_uri
+from gateway.serving.images import ImageBudget, ImageInput, load_data_uri
 
 
 class ImageIntake:

@@ -59,11 +59,11 @@ from gateway.protocol.chat_messages import (
     ToolMessage,
     UserMessage,
 )
+from gateway.protocol.engine_requests import EngineTarget
+from gateway.protocol.reasoning import Effort
 from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses import ChatChoice, ChatCompletion, CompletionUsage
 from gateway.protocol.tagged import Refused
-from gateway.serving.engine_requests import EngineTarget
-from gateway.serving.reasoning import Effort
 from gateway.translate.params import MESSAGES, located, translated
 
 # -- request ----------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from backends.llamacpp.worker.embed_server import (
 )
 from backends.llamacpp.worker.embedding import finish_vectors, plan_passes
 from backends.request import EngineEmbeddingRequest, EngineRerankRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.rerank import RerankRequest, RerankResponse
-from gateway.serving.engine_requests import EngineTarget
 from tests.openai_schema import assert_matches_openai
 
 # --- passes ----------------------------------------------------------------------------------------

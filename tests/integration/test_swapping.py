@@ -14,13 +14,13 @@ import pytest
 
 from backends.base import DeploymentPlan, EngineName, LaunchSpec
 from backends.llamacpp import LlamaCppAdapter
+from gateway.admission import Admission
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools, SystemProbe
 from gateway.lifecycle.residency import ModelState, Residency
 from gateway.ops.metrics import Metrics
-from gateway.serving.admission import Admission
 from tests.conftest import REPO
 from tests.integration.test_supervisor import supervised
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
-from gateway.serving.admission import Admission
 
 
 async def test_requests_beyond_capacity_wait_in_order() -> None:

@@ -11,9 +11,9 @@ from openai.types.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.responses import ChatCompletion, ChatCompletionChunk
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import ResponsesStream, messages, parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches

@@ -10,11 +10,11 @@ import pytest
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
+from gateway.admission import Admission
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.reload import Desired, Reloader
-from gateway.serving.admission import Admission
 from tests.fakes.asgi_worker import FakeWorker
 
 

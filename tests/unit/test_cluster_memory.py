@@ -19,7 +19,7 @@ from gateway.cluster import HostReport, HostView, WorkerReport
 from gateway.cluster.plan import plan_cluster
 from gateway.cluster.serve import ClusterServing
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST
 from gateway.lifecycle.residency import ModelState, Residency
 from gateway.lifecycle.workers import WorkerState

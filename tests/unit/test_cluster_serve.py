@@ -20,8 +20,8 @@ from gateway.cluster import HostLost, HostReport, WorkerReport
 from gateway.cluster.host_worker import HostWorker
 from gateway.cluster.serve import ClusterServing, host_gpus
 from gateway.config import Config, ModelSpec
-from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import NoProbe, Pools
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics

@@ -19,15 +19,15 @@ from backends.base import DeploymentPlan, EngineName, RequestKind
 from backends.llamacpp import LlamaCppAdapter
 from backends.remote import RemoteAdapter
 from backends.request import MAX_INPUTS, EngineEmbeddingRequest, EngineRerankRequest
+from gateway.admission import Admission
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.ops.auth import OPEN
 from gateway.ops.metrics import Metrics
 from gateway.protocol import EmbeddingRequest, parse_request
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.rerank import MAX_DOCUMENTS, parse_rerank_request
-from gateway.serving.admission import Admission
-from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.service import RequestContext, Service, UnaryResult
 from tests.fakes.asgi_worker import FakeWorker
 

@@ -18,8 +18,8 @@ from backends.base import DeploymentPlan, EngineName
 from backends.request import AnyEngineRequest, RequestKind
 from gateway.cluster import HostLost, HostReport, WorkerReport
 from gateway.cluster.host_worker import HostWorker
-from gateway.deployments import Deployment
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.workers import WorkerStartError, WorkerState, restarted_message
 from gateway.placement import Inventory
 from gateway.serving.relay import DONE_FRAME, StreamStats, relay_stream, sse_frames

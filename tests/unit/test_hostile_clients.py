@@ -21,13 +21,13 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.config import Config
+from gateway.config import Config, ImageLimits
 from gateway.errors import GatewayError
 from gateway.ops.metrics import Metrics
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.parsing import parse_body
 from gateway.serving.browser import is_json, same_origin
-from gateway.serving.images import ImageBudget, ImageLimits, load_data_uri
+from gateway.serving.images import ImageBudget, load_data_uri
 from gateway.translate.messages import client_image_param, to_chat
 from tests.conftest import REPO
 from tests.unit.test_hostile_inputs import MODEL, VALID

@@ -12,9 +12,10 @@ import httpx
 import pytest
 from PIL import Image
 
+from gateway.config_images import ImageLimits, RemoteImageOptions
 from gateway.errors import GatewayError
 from gateway.serving.image_urls import RemoteImageFetcher, host_allowed, public_address
-from gateway.serving.images import ImageBudget, ImageLimits, RemoteImageOptions
+from gateway.serving.images import ImageBudget
 
 PUBLIC = "93.184.215.14"
 PARAM = "messages[0].content[0].image_url.url"

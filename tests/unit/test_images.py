@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from gateway.config_images import ImageLimits
 from gateway.errors import GatewayError
 from gateway.serving import images
-from gateway.serving.images import ImageBudget, ImageLimits, decode_image, load_base64, load_data_uri, split_data_uri
+from gateway.serving.images import ImageBudget, decode_image, load_base64, load_data_uri, split_data_uri
 
 LIMITS = ImageLimits()
 PARAM = "messages[0].content[1].image_url.url"

@@ -17,7 +17,7 @@ from backends.request import EngineRequest
 from gateway.config import Config, PromptCacheSettings
 from gateway.ops.auth import OPEN
 from gateway.protocol.anthropic import MessagesRequest
-from gateway.serving.engine_requests import EngineTarget
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.serving.prompt_prefix import ResponseChains, Rule, SessionHints, hash_key, neutralise, session_key
 from gateway.serving.service import RequestContext, StreamSession, UnaryResult
 from gateway.translate.messages import to_chat, to_message

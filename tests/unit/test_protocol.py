@@ -9,7 +9,7 @@ import pytest
 from backends.request import IMAGE_MARKER, EngineRequest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from gateway.serving.engine_requests import EngineTarget
+from gateway.protocol.engine_requests import EngineTarget
 
 USER = [{"role": "user", "content": "hi"}]
 

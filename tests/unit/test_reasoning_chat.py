@@ -15,9 +15,9 @@ import pytest
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol.engine_requests import EngineTarget
+from gateway.protocol.reasoning import Reasoning, ReasoningAsk, ReasoningDefault, resolve
 from gateway.protocol.responses import ChatCompletion, ChatCompletionChunk
-from gateway.serving.engine_requests import EngineTarget
-from gateway.serving.reasoning import Reasoning, ReasoningAsk, ReasoningDefault, resolve
 from gateway.serving.session import renamed_reasoning
 from tests.openai_schema import assert_matches_openai
 

@@ -18,9 +18,9 @@ from referencing.jsonschema import DRAFT202012
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
+from gateway.protocol.reasoning import ReasoningDefault
 from gateway.protocol.responses import ChatCompletion
-from gateway.serving.engine_requests import EngineTarget
-from gateway.serving.reasoning import ReasoningDefault
 from gateway.translate import parse_body
 from gateway.translate.messages import SIGNATURE, to_chat, to_message
 from tests.unit.test_translate_messages_stream import EVENTS, check, chunk, run, sdk_client, types, usage_chunk

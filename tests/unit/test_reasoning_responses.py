@@ -14,9 +14,9 @@ from openai.types.responses import Response, ResponseReasoningItem
 
 from gateway.errors import GatewayError
 from gateway.ops.store import ResponseStore
+from gateway.protocol.engine_requests import EngineTarget
+from gateway.protocol.reasoning import ReasoningDefault
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
-from gateway.serving.reasoning import ReasoningDefault
 from gateway.translate import parse_body
 from gateway.translate.responses import to_chat
 from tests.unit.test_translate_responses import completion, request, respond, translate

@@ -18,7 +18,7 @@ from backends.remote import RemoteAdapter
 from backends.request import EngineRequest
 from gateway.app import create_app
 from gateway.config import Config
-from gateway.deployments import Deployment
+from gateway.lifecycle.deployments import Deployment
 from gateway.routes.direct import DirectDispatch, DirectRoute, takes_request_only
 from gateway.serving.upstream import Upstream
 

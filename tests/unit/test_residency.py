@@ -16,16 +16,16 @@ import pytest
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
+from gateway.admission import Admission
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
 from gateway.lifecycle import policy as policy_module
 from gateway.lifecycle import residency as residency_module
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools
 from gateway.lifecycle.residency import ModelState, Residency
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics
-from gateway.serving.admission import Admission
 from tests.fakes.loading_worker import FakeLoadingWorker
 
 MB = 1 << 20  # MiB: 100 MB reads 0.10 GiB

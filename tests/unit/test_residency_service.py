@@ -14,15 +14,15 @@ from starlette.requests import Request
 
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
+from gateway.admission import Admission
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
 from gateway.lifecycle.residency import ModelState, Residency
 from gateway.ops.auth import OPEN
 from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.serving.admission import Admission
 from gateway.serving.service import RequestContext, Service, StreamSession, UnaryResult
 from tests.fakes.asgi_worker import FakeEngine
 from tests.fakes.loading_worker import FakeLoadingWorker

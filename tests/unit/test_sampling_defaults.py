@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigError, ModelSpec
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.requests import ChatCompletionRequest
-from gateway.serving.engine_requests import EngineTarget
 
 
 def chat(**params: object) -> ChatCompletionRequest:

@@ -14,14 +14,14 @@ from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from backends.remote import RemoteAdapter
 from backends.request import ENGINE_PATHS, AnyEngineRequest, EngineEmbeddingRequest, missing_tool
-from gateway.deployments import Deployment
+from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.rerank import RerankRequest
 from gateway.protocol.served import ServedRequest
-from gateway.serving.admission import Admission
-from gateway.serving.engine_requests import EngineTarget
 from gateway.serving.upstream import Upstream
 from gateway.translate.messages import to_chat
 from tests.fakes.asgi_worker import FakeWorker

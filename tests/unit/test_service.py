@@ -18,14 +18,14 @@ from starlette.requests import Request
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
+from gateway.admission import Admission
 from gateway.config import ServerSettings
-from gateway.deployments import Deployment, Registry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.ops.auth import OPEN
 from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import MessagesRequest
-from gateway.serving.admission import Admission
 from gateway.serving.relay import StreamStats, _relay_run
 from gateway.serving.service import RequestContext, Service, StreamSession, Translate, UnaryResult
 from gateway.serving.session import RequestScope

@@ -14,7 +14,7 @@ from gateway.ops.auth import Principal
 from gateway.ops.status import status_report
 from gateway.placement.inventory import inventory_from_spec
 from gateway.placement.policy import reasoning_notes
-from gateway.serving.reasoning import ReasoningDefault
+from gateway.protocol.reasoning import ReasoningDefault
 from tests.unit.test_live_speed import PREDICTION
 from tests.unit.test_residency import MB, Harness
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.serving.engine_requests import EngineTarget
+from gateway.protocol.engine_requests import EngineTarget
 from tests.unit.test_hostile_inputs import ANTHROPIC, VALID, checked, gateway, post
 
 CASES: list[tuple[str, dict[str, Any], str]] = [

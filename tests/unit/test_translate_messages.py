@@ -11,8 +11,8 @@ import pytest
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.responses import ChatCompletion
-from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
 from gateway.translate.messages import anthropic_error, anthropic_error_body, to_chat, to_message
 

@@ -11,9 +11,9 @@ from openai.types.responses import Response
 from gateway.errors import GatewayError
 from gateway.ops.store import ResponseStore
 from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import parse_body
 from gateway.translate.responses import to_chat, to_response
 from tests.responses_schema import assert_matches

@@ -20,10 +20,10 @@ from gateway.protocol.chat_messages import (
     ToolMessage,
     UserMessage,
 )
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.parsing import parse_body
 from gateway.protocol.requests import ChatCompletionRequest, StreamOptions
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import messages, responses
 from gateway.translate.params import MESSAGES, translated
 

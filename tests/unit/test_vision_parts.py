@@ -14,11 +14,10 @@ from PIL import Image
 from backends.base import DeploymentPlan, EngineName
 from backends.llamacpp.adapter import LlamaCppAdapter
 from backends.request import IMAGE_MARKER
-from gateway.config import Config, mmproj_path
+from gateway.config import Config, ImageLimits, mmproj_path
 from gateway.errors import GatewayError
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.requests import ChatCompletionRequest
-from gateway.serving.engine_requests import EngineTarget
-from gateway.serving.images import ImageLimits
 from gateway.serving.vision_parts import ImageIntake
 
 

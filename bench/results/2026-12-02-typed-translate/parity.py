@@ -7,9 +7,9 @@ import sys
 
 from gateway.errors import GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.parsing import parse_body
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
 from gateway.translate import messages, responses
 
 NEW = hasattr(__import__("gateway.translate.params", fromlist=["x"]), "translated")

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.parsing import parse_body
 from gateway.protocol.responses_api import ResponsesRequest
-from gateway.serving.engine_requests import EngineTarget
 
 sys.path.insert(0, str(Path(__file__).parent))
 import parity

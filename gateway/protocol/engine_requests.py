@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from backends.base import EngineCapabilities
 from backends.request import ENGINE_PATHS, EngineImage, RequestKind
 from gateway.errors import ErrorCode, GatewayError
-from gateway.serving.reasoning import ReasoningDefault
+from gateway.protocol.reasoning import ReasoningDefault
 
 
 @dataclass(frozen=True)

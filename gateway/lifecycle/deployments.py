@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
+from gateway.admission import Admission
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
-from gateway.serving.admission import Admission
-from gateway.serving.reasoning import ReasoningDefault
+from gateway.protocol.reasoning import ReasoningDefault
 
 
 @dataclass
