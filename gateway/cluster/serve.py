@@ -125,6 +125,7 @@ class ClusterServing:
     probes: dict[str, ReportedProbe] = field(default_factory=dict)  # each host's readings, for the residency
     _task: asyncio.Task[None] | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _refreshing: asyncio.Task[None] | None = None  # the memory readings in flight, apart from the watch
     _on_placement: Callable[[dict[str, Any]], None] | None = None
     _host_gauge: Gauge | None = None
     _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
@@ -202,10 +203,11 @@ class ClusterServing:
             self._set_host(model, host)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._refreshing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def _attach(self, residency: Residency) -> None:
         """Give the residency manager every host's pools: the budget its plan used, its probe."""
@@ -213,10 +215,20 @@ class ClusterServing:
         for host, view in self.views.items():
             residency.pools.add_host(host, view.inventory, budgets.get(host), self.probes[host])
 
+    def _refresh_soon(self) -> None:
+        """Start a round of readings beside the watch, unless one is still in flight: a frozen host's silence
+        delays only its readings, never the watch's loss detection and re-placement."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._refresh(), name="cluster:refresh")
+            self._background.add(self._refreshing)
+            self._refreshing.add_done_callback(self._background.discard)
+
     async def _refresh(self) -> None:
-        """Every host's live memory readings (a host that does not answer is left to its workers' polls)."""
+        """Every host's live memory readings, each bounded by `refresh_s` (a host that does not answer is left
+        to its workers' polls)."""
         agents = list(self.agents.items())
-        reports = await asyncio.gather(*(agent.describe() for _, agent in agents), return_exceptions=True)
+        asks = (asyncio.wait_for(agent.describe(), self.refresh_s) for _, agent in agents)
+        reports = await asyncio.gather(*asks, return_exceptions=True)
         for (host, _), report in zip(agents, reports, strict=True):
             if isinstance(report, HostReport) and host in self.probes:
                 _read(self.probes[host], report.inventory, report.memory_available_bytes)
@@ -230,7 +242,7 @@ class ClusterServing:
             try:
                 if asyncio.get_running_loop().time() - last_refresh >= self.refresh_s:
                     last_refresh = asyncio.get_running_loop().time()
-                    await self._refresh()
+                    self._refresh_soon()
                 lost = {d.worker.host: d.worker.lost for d in registry
                         if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
                 joined, gone = await self.discover()

@@ -201,3 +201,61 @@ def test_a_host_that_does_not_answer_when_it_joins_is_asked_again(smollm2_path: 
                 await deployment.worker.stop()
 
     asyncio.run(scenario())
+
+
+class FrozenAgent(Agent):
+    """A host that froze: after `freeze()` its memory readings never answer (`asked` is set once one waits),
+    and after `gone()` its workers' polls fail, as Ray's do once the host is declared dead."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.frozen = self.dead = False
+        self.asked = asyncio.Event()
+
+    async def describe(self, paths: Sequence[str] = ()) -> HostReport:
+        if self.frozen:
+            self.asked.set()
+            await asyncio.Event().wait()  # no answer, ever
+        return await super().describe(paths)
+
+    async def worker(self, name: str) -> WorkerReport:
+        if self.dead:
+            raise HostLost(self.host, "GetTimeoutError")
+        return await super().worker(name)
+
+
+def test_a_frozen_hosts_readings_never_hold_back_its_models_re_placement(smollm2_path: Path) -> None:
+    """Issue 35 item 7: the watch once waited behind a memory refresh of the frozen host (13 s measured); now
+    the readings run beside it, each bounded by `refresh_s`."""
+    config = Config.model_validate({"gpus": "none", "models": [
+        {"name": "beta", "sources": [{"gguf": str(smollm2_path)}], "context": 512, "hosts": ["a", "b"]},
+    ]})  # fmt: skip
+
+    async def scenario() -> None:
+        serving = ClusterServing(config, Discovery(), interval_s=0.02, worker_interval_s=0.02, refresh_s=0.02)
+        agents = {"a": FrozenAgent("a"), "b": FrozenAgent("b")}
+        await serving.join(agents)
+        plans, _ = serving.initial()
+        host = serving.assignment["beta"]
+        metrics, registry, residency = Metrics(), Registry(), Residency()
+        async with httpx.AsyncClient() as client:
+
+            def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
+                return _deployment(plan, spec, LlamaCppAdapter(), client, config, metrics, None, serving)
+
+            for plan in plans:
+                registry.add(make(plan, config.models[0]))
+                registry.resolve(plan.model).worker.start()
+            serving.start(registry, residency, make, metrics, lambda _: None)
+            await asyncio.sleep(0.1)  # a refresh or two while all is well
+            frozen = agents[host]  # the host that serves it
+            frozen.frozen = True
+            await asyncio.wait_for(frozen.asked.wait(), 5)  # a round of readings now waits on it
+            frozen.dead = True
+            other = "b" if host == "a" else "a"
+            await _until(lambda: serving.assignment.get("beta") == other)
+            await serving.close()
+            for deployment in registry:
+                await deployment.worker.stop()
+
+    asyncio.run(scenario())
