@@ -9,7 +9,9 @@ it up and runs this detached), each pair is measured A, B, B, A, every phase a f
 - `turbomind`: TurboMind FP16 through the gateway vs the same `lmdeploy serve api_server` argv started
   directly, at 1/8/32/64 streams (32 GB);
 - `plan-16gb`: the 16 GB plan for 8 x 4,096 sessions through the gateway vs llama-server started with the
-  plan's own choice (model file, slots, context, KV type, layers), at 1/8 streams (16 GB).
+  plan's own choice (model file, slots, context, KV type, layers), at 1/8 streams (16 GB);
+- `moe-experts`: a random-weight Qwen3-30B-A3B-shape MoE (Q4_0), the routed experts of 16 of 48 blocks in host
+  memory: our worker (`--n-cpu-moe 16`) vs `llama-server --n-cpu-moe 16`, 8 slots, at 1/8 streams (16 GB).
 
 Load: `bench.loadgen` closed loop on `/v1/completions`, 256 tokens out (`ignore_eos`), prompts of 72-296 words
 (about 128-524 tokens with the synthetic tokenizer). `--smoke` runs the same machinery on this CPU with the
@@ -75,9 +77,10 @@ class Pair:
 
 
 def worker_argv(
-    model: Path, name: str, port: int, *, slots: int, ctx: int, gpu: bool, threads: int | None
+    model: Path, name: str, port: int, *, slots: int, ctx: int, gpu: bool, threads: int | None, n_cpu_moe: int = 0
 ) -> list[str]:
-    """Our worker as the regression runs it: every layer on the GPU with KV q8_0 (or the CPU defaults)."""
+    """Our worker as the regression runs it: every layer on the GPU with KV q8_0 (or the CPU defaults); a MoE's
+    routed experts of the first `n_cpu_moe` blocks in host memory."""
     argv = [python(), "-m", "backends.llamacpp.worker", "--model", str(model), "--model-name", name,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(ctx), "--slots", str(slots),
             "--max-queue", "256"]  # fmt: skip
@@ -85,6 +88,8 @@ def worker_argv(
         argv += ["--n-gpu-layers", "-1", "--cache-type", "q8_0"]
     if threads:
         argv += ["--n-threads", str(threads)]
+    if n_cpu_moe:
+        argv += ["--n-cpu-moe", str(n_cpu_moe)]
     return argv
 
 
@@ -112,6 +117,9 @@ def llama_server_argv(worker: Sequence[str], port: int, binary: str = "llama-ser
     threads = _flag(worker, "--n-threads")
     if threads:
         argv += ["-t", threads]
+    moe = _flag(worker, "--n-cpu-moe")
+    if moe:
+        argv += ["--n-cpu-moe", moe]
     return argv
 
 
@@ -143,9 +151,12 @@ def _served(
     return Served(proc, root, model, {"argv": argv})
 
 
-def start_worker_direct(model: Path, name: str, *, slots: int, ctx: int, gpu: bool, threads: int | None) -> Starter:
+def start_worker_direct(
+    model: Path, name: str, *, slots: int, ctx: int, gpu: bool, threads: int | None, n_cpu_moe: int = 0
+) -> Starter:
     def start(log_dir: Path) -> Served:
-        argv = worker_argv(model, name, free_port(), slots=slots, ctx=ctx, gpu=gpu, threads=threads)
+        argv = worker_argv(model, name, free_port(), slots=slots, ctx=ctx, gpu=gpu, threads=threads,
+                           n_cpu_moe=n_cpu_moe)  # fmt: skip
         return _served("worker", argv, log_dir, "/health", name)
 
     return start
@@ -216,11 +227,29 @@ def gpu_pairs(load: LoadSpec, llama_server: str | None) -> list[Pair]:
                                      gpus="auto")  # fmt: skip
     if llama_server:
         plan.b = start_llama_server(lambda: list(plan.captured["argv"]), "llama2-7b", llama_server)
-    pairs += [tm, plan]
+    pairs += [tm, plan, _moe_pair(load, llama_server)]
     for p in pairs:
         if p.b is None:
             p.b_missing = "not run: no llama-server binary"
     return pairs
+
+
+MOE_HOST_BLOCKS = 16
+"""The `moe-experts` pair's split: the routed experts of 16 of 48 blocks (5.4 GB) in host memory, ~11 GB on the
+GPU held to 16 GB."""
+
+
+def _moe_pair(load: LoadSpec, llama_server: str | None) -> Pair:
+    """Experts in host memory (issue 39): our worker vs `llama-server --n-cpu-moe` at the same split, on the
+    random-weight Qwen3-30B-A3B-shape GGUF (bench/gpu/make_moe_gguf.py), 8 slots of 1,024 tokens, 16 GB."""
+    model = G / "gguf" / "moe-q4_0.gguf"
+    options: dict[str, Any] = {"slots": 8, "ctx": 1024, "gpu": True, "threads": None, "n_cpu_moe": MOE_HOST_BLOCKS}
+    pair = Pair("moe-experts", "worker", start_worker_direct(model, "qwen3-30b-a3b-shape", **options),
+                "llama-server", None, (1, 8), load, V100_16GB_MIB)  # fmt: skip
+    if llama_server:
+        argv = worker_argv(model, "qwen3-30b-a3b-shape", 0, **options)
+        pair.b = start_llama_server(lambda: argv, "qwen3-30b-a3b-shape", llama_server)
+    return pair
 
 
 def _unset(_: Path) -> Served:

@@ -13,7 +13,8 @@
 #            an `lmdeploy` command; in the background, niced: the llama-cpp-python CUDA build (our worker) and
 #            the llama-server build from .gpu/pack/llama_server_src.tar.xz (sm_90, same llama.cpp commit)
 #   models   the random-weight Llama-2-7B shape (.gpu/make_model.py 7b), then, once the build is done, its GGUF
-#            F16 -> Q8_0, Q4_K_M (bench/gpu/prepare_gguf.sh)
+#            F16 -> Q8_0, Q4_K_M (bench/gpu/prepare_gguf.sh); the random-weight MoE GGUF for the moe-experts
+#            pair (bench/gpu/make_moe_gguf.py, tokenizer from the 7B GGUF), unless REGRESS_ARGS leaves it out
 #   bench    python3 -m bench.gpu.regress --out /tmp/regress/out/<date>-gpu-regress (it holds the GPU's memory
 #            to a V100's per pair with .gpu/hold_memory.py), then `done`
 # Commit the folder from the tarball under bench/results/ with this command in its README.
@@ -81,6 +82,10 @@ if [[ ! -f $G/models/7b/made ]]; then
   tail -1 "$S/make_model_7b.log"
 fi
 [[ -f $G/gguf/ready ]] || bash bench/gpu/prepare_gguf.sh > "$S/prepare_gguf.log" 2>&1
+if [[ " ${REGRESS_ARGS:-moe-experts} " == *" moe-experts"* && ! -f $G/gguf/moe-q4_0.gguf ]]; then  # issue 39's pair
+  python3 -m bench.gpu.make_moe_gguf "$G/gguf/7b-f16.gguf" "$G/gguf/moe-q4_0.gguf.tmp" > "$S/make_moe.log" 2>&1 \
+    && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"; tail -2 "$S/make_moe.log"
+fi
 ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
 for _ in $(seq 1 240); do [[ -f $G/server_build.rc ]] && break; sleep 5; done  # at most 20 min
 stamp "llama-server build rc $(cat "$G/server_build.rc" 2> /dev/null || echo 'still running: B sides not run')"; tail -3 "$G/server_build.log"

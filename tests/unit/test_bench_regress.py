@@ -116,3 +116,12 @@ def test_llama_server_on_the_cpu_gets_the_workers_automatic_bf16_kv_and_no_gpu_l
     worker = worker_argv(Path("/m/s.gguf"), "s", 9100, slots=4, ctx=1024, gpu=False, threads=2)
     flags = dict(zip(llama_server_argv(worker, 9200)[1::2], llama_server_argv(worker, 9200)[2::2], strict=False))
     assert (flags["-ngl"], flags["-ctk"], flags["-t"], flags["-c"]) == ("0", "bf16", "2", "4096")
+
+
+def test_the_moe_pairs_split_reaches_llama_server_as_its_own_flag() -> None:
+    worker = worker_argv(Path("/m/moe.gguf"), "moe", 9100, slots=8, ctx=1024, gpu=True, threads=None, n_cpu_moe=16)
+    assert worker[worker.index("--n-cpu-moe") + 1] == "16"
+    argv = llama_server_argv(worker, 9200)
+    assert argv[argv.index("--n-cpu-moe") + 1] == "16" and argv[argv.index("-ngl") + 1] == "999"
+    plain = llama_server_argv(worker_argv(Path("/m/d.gguf"), "d", 1, slots=1, ctx=64, gpu=True, threads=None), 2)
+    assert "--n-cpu-moe" not in plain
