@@ -107,6 +107,9 @@ def plan_cluster(config: Config, hosts: Sequence[HostView]) -> ClusterReport:
             if decision.plan is not None and _on_gpus(decision.plan):
                 taken[host.name].append(spec)
                 considered[spec.name].append(HostConsidered(host=host.name, outcome="placed wholly on GPUs"))
+            else:  # said, so every host tried is listed, not only the one that took it
+                why = decision.refusal or f"its best fit there is {decision.rung}"
+                considered[spec.name].append(HostConsidered(host=host.name, outcome=f"not wholly on GPUs: {why}"))
     for spec in local:  # round 2: anywhere at all, one model at a time, never moving what a host holds
         if _host_of(spec.name, taken) is None:
             _offer_anywhere(config, spec, order, taken, considered, last)

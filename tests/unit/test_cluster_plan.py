@@ -146,3 +146,13 @@ def test_plan_cluster_command_shows_the_host_of_each_decision(zoo: Path, tmp_pat
     text = CliRunner().invoke(cli, args)
     assert text.exit_code == 0, text.output
     assert "host dgx at 10.0.0.2" in text.stdout and "host ws" in text.stdout
+
+
+def test_every_host_tried_is_in_considered_not_only_the_one_that_took_it(zoo: Path) -> None:
+    """Issue 35: `considered` listed only the hosts a model was placed on or barred from; a bigger host that
+    could not hold it wholly on GPUs was missing, so nobody could tell it had been tried."""
+    report = plan(zoo, [host("a", "v100-16gb"), host("b", "v100-16gb")],
+                  {"name": "m", "sources": [{"gguf": "llama2-70b.Q4_K_M.gguf"}]})  # fmt: skip
+    d = report.decision("m")
+    assert d.host == "a" and {c.host for c in d.considered} == {"a", "b"}, d.considered
+    assert any(c.outcome.startswith("not wholly on GPUs") for c in d.considered), d.considered
