@@ -9,6 +9,7 @@ json-schema-to-grammar). Tool `i`'s argument rules are all named `t{i}-args...` 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -55,8 +56,21 @@ def _visit(converter: Any, schema: dict[str, Any], name: str) -> str:
     return str(converter.visit(resolved, name))
 
 
+SCHEMA_CACHE_SIZE = 32
+"""Response-format grammars kept by schema: a client sends the same schema every turn, and a large one (a
+20,000-value enum) takes seconds to convert."""
+
+
 def schema_grammar(schema: dict[str, Any]) -> str:
-    """A grammar (root rule `root`) for JSON text that conforms to `schema`."""
+    """A grammar (root rule `root`) for JSON text that conforms to `schema`; the last `SCHEMA_CACHE_SIZE`
+    schemas' grammars are kept, keyed by the schema's compact JSON (its key order kept: an object's properties
+    come out in the order the schema lists them)."""
+    return _cached_schema_grammar(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+
+
+@functools.lru_cache(maxsize=SCHEMA_CACHE_SIZE)
+def _cached_schema_grammar(canonical: str) -> str:
+    schema = json.loads(canonical)
     converter = _new_converter()
     try:
         _visit(converter, schema, "")
