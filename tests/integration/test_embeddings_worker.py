@@ -253,6 +253,20 @@ def test_truncate_cuts_an_over_long_input_to_the_context_keeping_sep(bert: Worke
     np.testing.assert_allclose(bert.embed(long_text, truncate=True), bert.embed(words), atol=1e-6)
 
 
+def test_a_huge_input_is_refused_or_cut_by_its_bytes_before_tokenization(bert: Worker) -> None:
+    """Issue 35 item 2 for embeddings: 4 MB of text is refused by its byte count alone (the message says so),
+    and with `truncate` gives the embedding of its first tokens, as a short text of those words does."""
+    huge = "cat " * 1_000_000
+    message = assert_error(bert.post("/v1/embeddings", {"input": huge}), 400, "input", "context_length_exceeded")
+    assert "refused before tokenization" in message and "at least" in message
+    words = " ".join(["cat"] * (N_CTX_TRAIN - 2))
+    np.testing.assert_allclose(bert.embed(huge, truncate=True), bert.embed(words), atol=1e-6)
+    # an input the bound lets through is still counted in tokens, as before
+    over = " ".join(["cat"] * N_CTX_TRAIN)
+    assert "refused before" not in assert_error(bert.post("/v1/embeddings", {"input": over}), 400, "input",
+                                                "context_length_exceeded")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -140,6 +140,31 @@ def _check_task(spec: EmbedSpec, model: EmbeddingModel) -> None:
         raise ValueError("the model pools by rank (a reranker): serve it with --task rerank")
 
 
+NORMALIZING_SLACK = 4
+"""The byte bound's allowance for tokenizers that normalize (BERT's WordPiece drops accents and spaces): an input
+is refused before tokenization only when even this many times the longest token's bytes per token is over."""
+
+
+def _bounded(text: str, longest: int, limit: int, truncate: bool, param: str) -> str:
+    """`text`, unless its bytes alone are more tokens than `limit` (issue 35: a 20 MB input was tokenized in full
+    to be refused): then refused with `context_length_exceeded` before tokenization, or (`truncate`) cut to a
+    prefix of twice the bytes the limit can hold, whose first `limit` tokens are the text's own."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    per_token = longest * NORMALIZING_SLACK
+    at_least = -(-size // per_token)
+    if at_least <= limit:
+        return text
+    if not truncate:
+        raise WorkerError(
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            f"{param} has at least {at_least} tokens (its {size} bytes; refused before tokenization), but this "
+            f"model takes at most {limit} per input (shorten it, or have it cut: embed_truncate: true in the "
+            "model's voltgate config)",
+            param=param,
+        )
+    return text.encode("utf-8", "surrogatepass")[: 2 * limit * per_token].decode("utf-8", "ignore")
+
+
 class _Handlers:
     """The routes, over the state the lifespan fills in."""
 
@@ -177,7 +202,7 @@ class _Handlers:
         for i, item in enumerate(items):
             param = f"input[{i}]" if many else "input"
             if isinstance(item, str):
-                tokens = model.tokenize(item)
+                tokens = model.tokenize(_bounded(item, model.longest_token, limit, body.truncate, param))
                 keep_end = model.end_tokens()
             else:
                 bad = next((t for t in item if not 0 <= t < model.n_vocab), None)

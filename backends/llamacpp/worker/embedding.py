@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.llamacpp.worker.native import Batch, NativeError, lib, load_model
+from backends.llamacpp.worker.prompt_bound import longest_token_bytes
 
 log = logging.getLogger("voltgate.worker")
 
@@ -219,6 +222,20 @@ class EmbeddingModel:
                 return list(buf[:n])
             capacity = -n
         raise NativeError("tokenization failed")
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes one token renders to (special tokens as their text with `special`)."""
+        buf = ctypes.create_string_buffer(64)
+        n = int(lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = int(lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
+        return buf.raw[: max(n, 0)]
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most bytes one token renders to: the divisor of an input's byte bound (`prompt_bound`)."""
+        return longest_token_bytes(self)
 
     def rerank_tokens(self, query: str, document: str) -> list[int]:
         """One (query, document) pair as a reranker reads it, framed like llama.cpp's server does.
