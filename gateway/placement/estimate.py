@@ -297,6 +297,14 @@ class LlamaCppFit(NamedTuple):
     n_cpu_moe: int = 0
 
 
+def _layer_cache(shape: ModelShape, layer: int, element: float, tokens: int, sequences: int) -> int:
+    """One layer's cache: KV for `tokens`, or a recurrent layer's fixed state for each of `sequences`."""
+    per_token = shape.layer_kv_bytes_per_token(layer, element)
+    if per_token == 0 and shape.recurrent_state_bytes:
+        return shape.recurrent_state_bytes * sequences
+    return per_token * tokens
+
+
 def experts_on_host(source: SourceInfo, n_cpu_moe: int) -> list[int]:
     """Per block, the routed-expert bytes that `n_cpu_moe` keeps in host memory (all for -1, the first N)."""
     experts = source.layer_expert_bytes or (0,) * source.shape.n_layers
@@ -314,6 +322,7 @@ def fit_llamacpp(
     kv_element_bytes: float = 2.0,
     projector_bytes: int = 0,
     n_cpu_moe: int = 0,
+    sequences: int = 1,
 ) -> LlamaCppFit | Shortfall:
     """llama.cpp with `n_gpu_layers = n_offload`: the last `n_offload` blocks on the GPUs in `budgets`
     (index -> bytes this worker may use, margin already kept out), split in proportion to room like
@@ -321,12 +330,13 @@ def fit_llamacpp(
     0 is the CPU. `kv_element_bytes` is the KV cache type's (LLAMACPP_KV_ELEMENT_BYTES). `projector_bytes`: an
     image model's projector, which the worker loads on the first GPU when any layer is offloaded, else on the
     CPU. `n_cpu_moe`: a MoE's routed experts of the first N blocks (-1: all) stay in host memory while the rest
-    of those blocks is offloaded (llama.cpp's --n-cpu-moe). Host memory is not checked here."""
+    of those blocks is offloaded (llama.cpp's --n-cpu-moe). A hybrid model's recurrent layers hold
+    `recurrent_state_bytes` for each of `sequences` instead of KV. Host memory is not checked here."""
     shape = source.shape
     n_layers = shape.n_layers
     full = n_offload > n_layers
     first = n_layers - min(n_offload, n_layers)
-    kv_layer = [shape.layer_kv_bytes_per_token(layer, kv_element_bytes) * n_ctx_total for layer in range(n_layers)]
+    kv_layer = [_layer_cache(shape, layer, kv_element_bytes, n_ctx_total, sequences) for layer in range(n_layers)]
     kept = experts_on_host(source, n_cpu_moe)
     need = [source.layer_bytes[layer] - kept[layer] + kv_layer[layer] for layer in range(n_layers)]
     compute = llamacpp_compute_bytes(shape, n_ctx_total, n_batch)

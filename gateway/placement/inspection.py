@@ -6,6 +6,7 @@ import functools
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +54,16 @@ class ModelShape(_Frozen):
     n_experts: int = 0
     n_experts_used: int = 0
     kv_heads_per_layer: tuple[int, ...] | None = None
+    recurrent_state_bytes: int = Field(
+        default=0,
+        description="a hybrid model (Qwen3-Next, Granite-H): one sequence's fixed recurrent state in "
+        "each layer without a KV cache (those layers have 0 KV heads), f32 as llama.cpp keeps it",
+    )
+
+    @property
+    def recurrent_layers(self) -> int:
+        """Layers that keep a recurrent state instead of a KV cache."""
+        return sum(1 for h in self.kv_heads_per_layer or () if h == 0) if self.recurrent_state_bytes else 0
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int:
         """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (Llama-2-7B: 512 KiB)."""
@@ -359,7 +370,7 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
         raise InspectionError(f"{path}: GGUF lacks {arch}.block_count / attention.head_count / embedding_length")
     n_heads = max(n_heads) if isinstance(n_heads, list) else int(n_heads)
     kv = field(f"{arch}.attention.head_count_kv", n_heads)
-    kv_per_layer = tuple(int(h) for h in kv) if isinstance(kv, list) else None
+    state, kv_per_layer = _recurrent(field, arch, int(n_layers), kv)
     head_dim = int(field(f"{arch}.attention.key_length", int(hidden) // n_heads))
     ffn = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length", 4 * int(hidden))
     tokens = meta.fields.get("tokenizer.ggml.tokens")
@@ -384,6 +395,7 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
             n_experts=int(field(f"{arch}.expert_count", 0)),
             n_experts_used=int(field(f"{arch}.expert_used_count", 0)),
             kv_heads_per_layer=kv_per_layer,
+            recurrent_state_bytes=state,
         ),
         weights_bytes=tally.weights,
         layer_bytes=tuple(tally.layers),
@@ -396,6 +408,25 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
         quant=label,
         warnings=tuple(warnings),
     )
+
+
+def _recurrent(field: Callable[..., Any], arch: str, n_layers: int, kv: Any) -> tuple[int, tuple[int, ...] | None]:
+    """A GGUF's KV heads per layer (None when one value holds for all), and for a hybrid model its recurrent
+    state per layer and sequence (llama.cpp's `n_embd_r + n_embd_s`, f32) with 0 KV heads for the recurrent
+    layers: every `full_attention_interval`-th layer keeps a KV cache (Qwen3-Next), or the GGUF's own per-layer
+    KV heads say which (Granite-H). The state is 0 for a model without `ssm.state_size`."""
+    kv_per_layer = tuple(int(h) for h in kv) if isinstance(kv, list) else None
+    d_state = field(f"{arch}.ssm.state_size")
+    if not d_state:
+        return 0, kv_per_layer
+    d_conv, d_inner = int(field(f"{arch}.ssm.conv_kernel", 0)), int(field(f"{arch}.ssm.inner_size", 0))
+    groups = int(field(f"{arch}.ssm.group_count", 0))
+    conv = max(d_conv - 1, 0) * (d_inner + 2 * groups * int(d_state))
+    interval = field(f"{arch}.full_attention_interval")
+    if interval:
+        heads = int(max(kv) if isinstance(kv, list) else kv)
+        kv_per_layer = tuple(heads if (i + 1) % int(interval) == 0 else 0 for i in range(n_layers))
+    return 4 * (conv + int(d_state) * d_inner), kv_per_layer
 
 
 def _gguf_files(path: Path) -> list[Path]:

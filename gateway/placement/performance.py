@@ -182,6 +182,8 @@ class Workload:
     """The same of `host_weight_bytes`."""
     expert_share: float = 1.0
     """The share of the routed experts one token reads (active / all)."""
+    gpu_state_bytes_per_session: float = 0.0
+    """A hybrid model's recurrent state on the GPU, read and written once a step for each session."""
 
     def read_share(self, sessions: float) -> float:
         """The share of the routed experts a step of `sessions` tokens reads (uniform routing: each expert is
@@ -289,6 +291,7 @@ def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: 
     active = 1.0 - work.expert_share  # per token, the experts' params not computed
     if gpu is not None and work.gpu_weight_bytes:
         read = work.gpu_weight_bytes - work.gpu_expert_bytes * unread + sessions * context * work.gpu_kv_bytes_per_token
+        read += sessions * work.gpu_state_bytes_per_session
         memory = read / (COPY_EFFICIENCY * gpu.bandwidth_bytes_s)
         params = work.gpu_params * (1 - active * work.gpu_expert_bytes / work.gpu_weight_bytes)
         compute = 2 * params * sessions / (gpu.fp16_tflops * 1e12 * DECODE_MFU)
@@ -405,6 +408,9 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         gpu_expert_bytes=sum(experts[first:]) - kept if gpu_read else 0,
         host_expert_bytes=sum(experts[:first]) + kept,
         expert_share=shape.n_experts_used / shape.n_experts if shape.n_experts and any(experts) else 1.0,
+        gpu_state_bytes_per_session=shape.recurrent_state_bytes * sum(1 for b in kv[first:] if b == 0)
+        if gpu_read
+        else 0,
     )
 
 

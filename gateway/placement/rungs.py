@@ -494,4 +494,5 @@ def _fit_lc(
         kv_element_bytes=LLAMACPP_KV_ELEMENT_BYTES[kv],
         projector_bytes=work.projector(source)[1],
         n_cpu_moe=work.spec.llamacpp.n_cpu_moe if n_cpu_moe is None else n_cpu_moe,
+        sequences=slots,
     )

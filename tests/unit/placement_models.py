@@ -219,6 +219,22 @@ QWEN3_30B_A3B: dict[str, Any] = {  # Qwen/Qwen3-30B-A3B's config.json, the field
 }
 
 
+QWEN3_NEXT_80B_A3B: dict[str, Any] = {  # Qwen/Qwen3-Next-80B-A3B's config.json, the fields the GGUF writer reads
+    **QWEN3_30B_A3B,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "gguf_arch": "qwen3next",
+    "head_dim": 256,
+    "moe_intermediate_size": 512,
+    "max_position_embeddings": 262144,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "full_attention_interval": 4,  # layers 3, 7, ..., 47 keep a KV cache; the other 36 a gated delta net state
+    "ssm": {"conv_kernel": 4, "state_size": 128, "group_count": 16, "inner_size": 4096, "time_step_rank": 32},
+}
+
+
 def _use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's rule for which layers Q4_K_M keeps at Q6_K (attn_v, ffn_down)."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
@@ -270,6 +286,14 @@ def write_gguf(path: Path, config: dict[str, Any], quant: str = "Q4_K_M") -> Pat
     if "head_dim" in config:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
+    if "ssm" in config:  # a hybrid: which layers attend, the recurrent state's dimensions
+        writer.add_full_attention_interval(config["full_attention_interval"])
+        ssm = config["ssm"]
+        writer.add_ssm_conv_kernel(ssm["conv_kernel"])
+        writer.add_ssm_state_size(ssm["state_size"])
+        writer.add_ssm_group_count(ssm["group_count"])
+        writer.add_ssm_inner_size(ssm["inner_size"])
+        writer.add_ssm_time_step_rank(ssm["time_step_rank"])
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -310,4 +334,5 @@ def build_zoo(root: Path) -> Path:
         write_gguf(root / f"llama2-70b.{quant}.gguf", LLAMA2_70B, quant)
     write_gguf(root / "qwen2-0.5b.Q8_0.gguf", QWEN2_0_5B, "Q8_0")
     write_gguf(root / "qwen3-30b-a3b.Q4_K_M.gguf", QWEN3_30B_A3B, "Q4_K_M")
+    write_gguf(root / "qwen3-next-80b-a3b.Q4_K_M.gguf", QWEN3_NEXT_80B_A3B, "Q4_K_M")
     return root

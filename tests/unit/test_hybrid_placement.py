@@ -1,0 +1,47 @@
+"""A hybrid-attention model (Qwen3-Next: one layer in four attends, the others keep a fixed recurrent state) is
+sized as llama.cpp allocates it (issue 39 item 1): KV only for the attention layers, the recurrent state per
+sequence for the others (llama.cpp's `n_embd_r + n_embd_s`, f32), read from the GGUF's header.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.placement.estimate import LlamaCppFit, fit_llamacpp
+from gateway.placement.inspection import inspect_gguf
+from tests.unit.placement_models import QWEN3_NEXT_80B_A3B, build_zoo
+
+GGUF = "qwen3-next-80b-a3b.Q4_K_M.gguf"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_zoo(tmp_path_factory.mktemp("zoo"))
+
+
+def test_the_attention_layers_and_the_recurrent_state_are_read(zoo: Path) -> None:
+    shape = inspect_gguf(zoo / GGUF).shape
+    assert shape.kv_heads_per_layer is not None
+    attending = [i for i, h in enumerate(shape.kv_heads_per_layer) if h]
+    assert attending == list(range(3, 48, 4)) and shape.recurrent_layers == 36
+    ssm = QWEN3_NEXT_80B_A3B["ssm"]
+    conv = (ssm["conv_kernel"] - 1) * (ssm["inner_size"] + 2 * ssm["group_count"] * ssm["state_size"])
+    assert shape.recurrent_state_bytes == 4 * (conv + ssm["state_size"] * ssm["inner_size"])  # 2.1 MiB a layer
+    # a token's KV: 12 layers x 2 heads x (256 + 256) x 2 bytes, not 48 layers' worth
+    assert shape.kv_bytes_per_token() == 12 * 2 * 512 * 2
+
+
+def test_the_cache_is_kv_for_tokens_plus_state_for_sequences(zoo: Path) -> None:
+    info = inspect_gguf(zoo / GGUF)
+    every = {0: 1 << 50}  # room for anything: only the sizes are compared
+    one = fit_llamacpp(info, budgets=every, n_ctx_total=32768, n_batch=512, n_offload=99, sequences=1)
+    four = fit_llamacpp(info, budgets=every, n_ctx_total=4 * 32768, n_batch=512, n_offload=99, sequences=4)
+    assert isinstance(one, LlamaCppFit) and isinstance(four, LlamaCppFit)
+    kv_one, kv_four = one.estimate.kv_cache_bytes, four.estimate.kv_cache_bytes
+    state = info.shape.recurrent_state_bytes * 36
+    assert kv_one == info.shape.kv_bytes_per_token() * 32768 + state
+    assert kv_four == info.shape.kv_bytes_per_token() * 4 * 32768 + 4 * state
+    dense = 48 * 2 * 512 * 2 * 32768  # what sizing every layer as attention would have said
+    assert kv_one < dense / 3
