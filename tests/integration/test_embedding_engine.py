@@ -46,6 +46,7 @@ class FakeEmbeddingModel:
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         self.n_vocab = 100
+        self.longest_token = 1 << 30  # a word is one token whatever its length: no byte bound holds here
         self.calls: list[list[list[int]]] = []
         self.closed_on: str | None = None
         self.gate: threading.Event | None = None
