@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
@@ -371,6 +372,24 @@ def fit_llamacpp(
         ),
         n_cpu_moe=n_cpu_moe if any(kept) else 0,
     )
+
+
+def first_fit(candidates: list[int], attempt: Callable[[int], LlamaCppFit | Shortfall]) -> LlamaCppFit | Shortfall:
+    """The first candidate whose `attempt` fits, or the last shortfall met; binary search, since a fit only gets
+    easier along `candidates` (fewer layers offloaded, more experts on the host)."""
+    lo, hi, found = 0, len(candidates) - 1, None
+    last: Shortfall | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        fit = attempt(candidates[mid])
+        if isinstance(fit, LlamaCppFit):
+            found, hi = fit, mid - 1
+        else:
+            last, lo = fit, mid + 1
+    if found is not None:
+        return found
+    assert last is not None
+    return last
 
 
 def _lc_shortfall(layers: str, budgets: dict[int, int], want: int, included: str) -> Shortfall:

@@ -17,16 +17,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gateway.placement.choice import predict_placed
-from gateway.placement.estimate import LlamaCppFit, Shortfall, experts_on_host, gib
+from gateway.placement.estimate import LlamaCppFit, Shortfall, experts_on_host, first_fit, gib
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.rungs import (
     Miss,
     ModelWork,
     Placed,
-    _fit_lc,
-    _host_check,
-    _layers_note,
-    _llamacpp_plan,
+    fit_lc,
+    host_check,
+    layers_note,
+    llamacpp_plan,
     try_llamacpp_partial,
 )
 
@@ -50,9 +50,9 @@ def try_llamacpp_experts(work: ModelWork, budgets: dict[int, int], context: int,
         on_host = sum(experts_on_host(source, fit.n_cpu_moe))
         note = (f"the routed experts of {fit.n_cpu_moe} of {source.shape.n_layers} blocks ({gib(on_host)}) in host "
                 f"memory; a token reads {source.shape.n_experts_used} of {source.shape.n_experts} experts")  # fmt: skip
-        plan = _llamacpp_plan(work, source, fit, context, slots)
-        placed = Placed(LC_EXPERTS, plan, fit.estimate, source, (_layers_note(source, fit), note), capacity=slots)
-        host_miss = _host_check(work, placed)
+        plan = llamacpp_plan(work, source, fit, context, slots)
+        placed = Placed(LC_EXPERTS, plan, fit.estimate, source, (layers_note(source, fit), note), capacity=slots)
+        host_miss = host_check(work, placed)
         if host_miss:
             misses.append(host_miss)
             continue
@@ -65,23 +65,12 @@ def try_llamacpp_experts(work: ModelWork, budgets: dict[int, int], context: int,
 def _fewest_blocks(
     work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int
 ) -> LlamaCppFit | Shortfall:
-    """The smallest N (1..n_layers) whose experts in host memory let every block fit; binary search, since
-    the GPU's share only shrinks as N grows. Every layer is offloaded (the output head too)."""
+    """The smallest N (1..n_layers) whose experts in host memory let every block (and the output head) fit."""
     n_layers = source.shape.n_layers
-    lo, hi = 1, n_layers
-    found: LlamaCppFit | None = None
-    last: Shortfall | None = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        fit = _fit_lc(work, source, budgets, context, slots, n_layers + 1, n_cpu_moe=mid)
-        if isinstance(fit, LlamaCppFit):
-            found, hi = fit, mid - 1
-        else:
-            last, lo = fit, mid + 1
-    if found is not None:
-        return found
-    assert last is not None
-    return last
+    return first_fit(
+        list(range(1, n_layers + 1)),
+        lambda n: fit_lc(work, source, budgets, context, slots, n_layers + 1, n_cpu_moe=n),
+    )
 
 
 def try_llamacpp_offload(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:

@@ -15,6 +15,7 @@ from gateway.placement.estimate import (
     MemoryEstimate,
     Shortfall,
     TurboMindFit,
+    first_fit,
     fit_llamacpp,
     fit_turbomind,
     gib,
@@ -322,7 +323,7 @@ def _tm_placed(
 # --- llama.cpp -------------------------------------------------------------------------------------------
 
 
-def _llamacpp_plan(
+def llamacpp_plan(
     work: ModelWork, source: SourceInfo, fit: LlamaCppFit, context: int, slots: int, kv: str = "f16"
 ) -> DeploymentPlan:
     spec = work.spec
@@ -346,7 +347,7 @@ def _llamacpp_plan(
     )
 
 
-def _layers_note(source: SourceInfo, fit: LlamaCppFit) -> str:
+def layers_note(source: SourceInfo, fit: LlamaCppFit) -> str:
     where = ", ".join(f"GPU {i}: {n}" for i, n in sorted(fit.layers_per_gpu.items()))
     total = source.shape.n_layers
     if fit.n_gpu_layers == -1:
@@ -376,10 +377,10 @@ def try_llamacpp_gpu(
         sets = [tuple(sorted(budgets))]
     closest: Shortfall | None = None
     for gpus in sets:
-        fit = _fit_lc(work, source, {i: budgets[i] for i in gpus}, context, slots, source.shape.n_layers + 1, kv)
+        fit = fit_lc(work, source, {i: budgets[i] for i in gpus}, context, slots, source.shape.n_layers + 1, kv)
         if isinstance(fit, LlamaCppFit):
-            plan = _llamacpp_plan(work, source, fit, context, slots, kv)
-            notes: tuple[str, ...] = (_layers_note(source, fit),)
+            plan = llamacpp_plan(work, source, fit, context, slots, kv)
+            notes: tuple[str, ...] = (layers_note(source, fit),)
             if kv == "q8_0":
                 notes = (f"KV cache q8_0 (flash attention): {gib(fit.estimate.kv_cache_bytes)}", *notes)
             return Placed(LC_GPU, plan, fit.estimate, source, notes, capacity=slots)
@@ -405,13 +406,13 @@ def try_llamacpp_partial(work: ModelWork, budgets: dict[int, int], context: int,
         host_weights = fit.estimate.weights_bytes - sum(source.layer_bytes[n_layers - fit.n_gpu_layers :])
         placed = Placed(
             LC_PARTIAL,
-            _llamacpp_plan(work, source, fit, context, slots),
+            llamacpp_plan(work, source, fit, context, slots),
             fit.estimate,
             source,
-            (_layers_note(source, fit), f"{gib(host_weights)} of weights stay in host memory"),
+            (layers_note(source, fit), f"{gib(host_weights)} of weights stay in host memory"),
             capacity=slots,
         )
-        host_miss = _host_check(work, placed)
+        host_miss = host_check(work, placed)
         if host_miss:
             misses.append(host_miss)
             continue
@@ -424,31 +425,19 @@ def try_llamacpp_partial(work: ModelWork, budgets: dict[int, int], context: int,
 def _largest_fit(
     work: ModelWork, source: SourceInfo, budgets: dict[int, int], context: int, slots: int, candidates: list[int]
 ) -> LlamaCppFit | Shortfall:
-    """The first candidate layer count (descending) that fits; binary search, since fit is monotone."""
-    lo, hi, found = 0, len(candidates) - 1, None
-    last: Shortfall | None = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        fit = _fit_lc(work, source, budgets, context, slots, candidates[mid])
-        if isinstance(fit, LlamaCppFit):
-            found, hi = fit, mid - 1
-        else:
-            last, lo = fit, mid + 1
-    if found is not None:
-        return found
-    assert last is not None
-    return last
+    """The first candidate layer count (descending) that fits."""
+    return first_fit(candidates, lambda n: fit_lc(work, source, budgets, context, slots, n))
 
 
 def try_llamacpp_cpu(work: ModelWork, context: int, slots: int) -> Placed | list[Miss]:
     """Everything in host memory, the highest-bit GGUF that host memory holds."""
     misses: list[Miss] = []
     for source in work.ggufs:
-        fit = _fit_lc(work, source, {}, context, slots, 0)
+        fit = fit_lc(work, source, {}, context, slots, 0)
         assert isinstance(fit, LlamaCppFit)
         placed = Placed(
             LC_CPU,
-            _llamacpp_plan(work, source, fit, context, slots),
+            llamacpp_plan(work, source, fit, context, slots),
             fit.estimate,
             source,
             (
@@ -457,14 +446,14 @@ def try_llamacpp_cpu(work: ModelWork, context: int, slots: int) -> Placed | list
             ),
             capacity=slots,
         )
-        miss = _host_check(work, placed)
+        miss = host_check(work, placed)
         if miss is None:
             return replace(placed, skipped=tuple(misses))
         misses.append(miss)
     return misses
 
 
-def _host_check(work: ModelWork, placed: Placed) -> Miss | None:
+def host_check(work: ModelWork, placed: Placed) -> Miss | None:
     host = work.host_memory_bytes
     need = placed.estimate.host_bytes
     if host is None or need <= host * HOST_MEMORY_FRACTION:
@@ -474,7 +463,7 @@ def _host_check(work: ModelWork, placed: Placed) -> Miss | None:
     return Miss(placed.rung, why, Shortfall(need, have, why))
 
 
-def _fit_lc(
+def fit_lc(
     work: ModelWork,
     source: SourceInfo,
     budgets: dict[int, int],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from backends.llamacpp.worker.native import Batch, NativeError, lib, load_model
+from backends.llamacpp.worker.native import Batch, NativeError, lib, load_model, token_piece
 from backends.llamacpp.worker.prompt_bound import longest_token_bytes
 
 log = logging.getLogger("voltgate.worker")
@@ -225,12 +224,7 @@ class EmbeddingModel:
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token renders to (special tokens as their text with `special`)."""
-        buf = ctypes.create_string_buffer(64)
-        n = int(lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = int(lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
-        return buf.raw[: max(n, 0)]
+        return token_piece(self._vocab, token, special=special)
 
     @functools.cached_property
     def longest_token(self) -> int:

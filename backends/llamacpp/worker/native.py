@@ -121,6 +121,16 @@ def load_model(
     return model
 
 
+def token_piece(vocab: Any, token: int, *, special: bool) -> bytes:
+    """The bytes `token` renders to in `vocab` (special tokens as their text only with `special`)."""
+    buf = ctypes.create_string_buffer(64)
+    n = int(lib.llama_token_to_piece(vocab, token, buf, 64, 0, special))
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = int(lib.llama_token_to_piece(vocab, token, buf, -n, 0, special))
+    return buf.raw[: max(n, 0)]
+
+
 class _BuftOverride(ctypes.Structure):
     """llama.h's `llama_model_tensor_buft_override`: tensors whose name matches `pattern` go to `buft`."""
 
@@ -220,12 +230,7 @@ class Model:
         """The bytes of one token (special tokens render empty unless `special`)."""
         if not special and token in self._pieces:
             return self._pieces[token]
-        buf = ctypes.create_string_buffer(64)
-        n = int(lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = int(lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
-        data = buf.raw[:n]
+        data = token_piece(self._vocab, token, special=special)
         if not special:
             self._pieces[token] = data
         return data
