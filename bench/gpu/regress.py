@@ -357,7 +357,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.regress", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="result folder (commit it under bench/results/)")
     p.add_argument("--smoke", action="store_true", help="this CPU, the embedded SmolLM2 (checks the machinery)")
-    p.add_argument("--only", nargs="+", help="pair names to run (default: all)")
+    p.add_argument("--only", nargs="+", help="pair names to run, in this order (default: all)")
     p.add_argument("--llama-server", default=shutil.which("llama-server"), help="binary (default: from PATH)")
     p.add_argument("--hold-script", type=Path, default=REPO / ".gpu" / "hold_memory.py")
     p.add_argument("--output-tokens", type=int, help="default 256 (smoke: 16)")
@@ -374,7 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = LoadSpec(base_url="", model="", prompt_tokens=words, output_tokens=args.output_tokens or out_tokens,
                     range_ratio=ratio, seed=34)  # fmt: skip
     pairs = smoke_pairs(load, args.llama_server, args.threads) if args.smoke else gpu_pairs(load, args.llama_server)
-    pairs = [p for p in pairs if not args.only or p.name in args.only]
+    if args.only:  # in the order named: what matters most runs first on a machine that may be taken back
+        by_name = {p.name: p for p in pairs}
+        pairs = [by_name[n] for n in args.only if n in by_name]
     load_requests = args.requests or (4 if args.smoke else None)
     for pair in pairs:
         pair.requests = load_requests
