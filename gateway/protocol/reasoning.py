@@ -112,8 +112,8 @@ def resolve(ask: ReasoningAsk, default: ReasoningDefault) -> Reasoning:
         return Reasoning(effort="none", enabled=False, budget_tokens=0)
     effort = ask.effort if ask.effort is not None else default.effort
     budget = ask.budget_tokens
-    if budget is None and ask.effort is None:
-        budget = default.budget_tokens
+    if budget is None and (ask.effort is None or ask.effort == default.effort):
+        budget = default.budget_tokens  # the model's budget goes with the model's effort, asked or not
     if budget is None and effort is not None:
         budget = EFFORT_BUDGETS[effort]
     if effort == "none" or budget == 0:

@@ -13,6 +13,7 @@ what a turn that exits 0 needs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ from tests.e2e.conftest import (
     stop_gateway,
     write_config,
 )
+from tests.fixtures.gguf_templates import retemplated_gguf, template_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,6 +49,13 @@ BRIEF = "You are a helpful assistant. Answer in one short sentence."
 # cut four times in a row ("exceeded the 64000 output token maximum"); with them, 6 of 6 ended by themselves
 # (12-131 tokens). temperature 0.2 and top_p 0.9 without the penalty: 0 of 6.
 SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+THINKING = "smol-thinking"
+"""SmolLM2 under a thinking Qwen3 template (the 2507 "Thinking" models' and Qwen3.5's shape: the generation
+prompt opens `<think>`, so the output starts inside the thinking), with a thinking budget that closes it: what
+Codex and Claude Code meet on the reasoning models teams run, without a reasoning model's weights. The default's
+effort is `high`, Claude Code's own (`output_config.effort`), so its requests get the model's budget
+(docs/reasoning.md) rather than thinking until the token cap."""
+THINKING_BUDGET = 8
 CLAUDE_NAMES = ["claude-opus-4-8", "claude-sonnet-4-6", "claude-haiku-4-5", "claude-haiku-4-5-20251001"]
 QUIET = {
     "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
@@ -82,17 +91,14 @@ def clients() -> Path:
 @pytest.fixture(scope="module")
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("real-agents")
-    entry = model_entry(
-        smollm2_path,
-        context=CONTEXT,
-        concurrency=1,
-        aliases=["smollm2", *CLAUDE_NAMES],
-        sampling=SAMPLING,
-        llamacpp={"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV},
-    )
+    engine = {"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV}
+    common: dict[str, object] = {"context": CONTEXT, "concurrency": 1, "sampling": SAMPLING, "llamacpp": engine}
+    entry = model_entry(smollm2_path, aliases=["smollm2", *CLAUDE_NAMES], **common)
+    thinking = model_entry(_thinking_gguf(smollm2_path, tmp), name=THINKING,
+                           reasoning={"effort": "high", "budget_tokens": THINKING_BUDGET}, **common)  # fmt: skip
     server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
               "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
-    config = write_config(tmp, smollm2_path, free_port(), models=[entry], **server)
+    config = write_config(tmp, smollm2_path, free_port(), models=[entry, thinking], **server)
     gw = start_gateway(config, tmp / "gateway.log")
     try:
         gw.wait_ready()
@@ -101,32 +107,61 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         stop_gateway(gw)
 
 
+def _thinking_gguf(smollm2_path: Path, tmp: Path) -> Path:
+    qwen3 = template_text("qwen3")
+    closed = "{{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}"
+    assert closed in qwen3, "the stored Qwen3 template changed: its enable_thinking branch was not found"
+    opened = closed.replace("{%- endif %}", "{%- else %}\n        {{- '<think>\\n' }}\n    {%- endif %}")
+    return retemplated_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf", qwen3.replace(closed, opened))
+
+
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_"))}
     return subprocess.run(argv, cwd=cwd, env={**base, **QUIET, **env}, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=AGENT_TIMEOUT_S, check=False)  # fmt: skip
 
 
-def test_codex_exec_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+def _codex(clients: Path, gateway: Gateway, tmp_path: Path, model: str, *flags: str) -> str:
+    """`codex exec` with `flags` saying hello to `model`; its stdout once it exited 0."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "instructions.md").write_text(BRIEF + "\n")
     (home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "voltgate"\nmodel_context_window = {CONTEXT}\n'
+        f'model = "{model}"\nmodel_provider = "voltgate"\nmodel_context_window = {CONTEXT}\n'
         f'model_instructions_file = "{home / "instructions.md"}"\ncheck_for_update_on_startup = false\n\n'
         "[analytics]\nenabled = false\n\n[feedback]\nenabled = false\n\n"
         f'[model_providers.voltgate]\nname = "voltgate"\nbase_url = "{gateway.base_url}"\n'
         'env_key = "VOLTGATE_API_KEY"\nwire_api = "responses"\nstream_idle_timeout_ms = 600000\n'
         "request_max_retries = 0\nstream_max_retries = 0\n"
     )
-    done = _run([str(clients / "codex"), "exec", "--skip-git-repo-check", "Say hello"], work,
+    done = _run([str(clients / "codex"), "exec", "--skip-git-repo-check", *flags, "Say hello"], work,
                 {"CODEX_HOME": str(home), "VOLTGATE_API_KEY": "no-real-key", "HOME": str(tmp_path)})  # fmt: skip
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
+    return done.stdout
+
+
+def test_codex_exec_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+    _codex(clients, gateway, tmp_path, MODEL)
     assert "served without the hosted tools web_search" in gateway.log()
 
 
-def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+def test_codex_shows_a_thinking_models_reasoning_apart_from_its_answer(
+    clients: Path, gateway: Gateway, tmp_path: Path
+) -> None:
+    """Codex's own event stream (`exec --json`): a reasoning item, then the answer, no raw tags in either."""
+    events = [json.loads(line) for line in _codex(clients, gateway, tmp_path, THINKING, "--json").splitlines()
+              if line.startswith("{")]  # fmt: skip
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    kinds = [item.get("type") for item in items]
+    assert "reasoning" in kinds and "agent_message" in kinds, events
+    assert kinds.index("reasoning") < kinds.index("agent_message"), kinds
+    for item in items:
+        assert "<think>" not in json.dumps(item) and "</think>" not in json.dumps(item), item
+
+
+def _claude(clients: Path, gateway: Gateway, tmp_path: Path, *flags: str) -> str:
+    """`claude -p` with `flags` saying hello; its stdout once it exited 0."""
     home, work = tmp_path / "claude-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -137,8 +172,28 @@ def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path
            "API_TIMEOUT_MS": str(AGENT_TIMEOUT_S * 1000)}  # fmt: skip
     # Two of its tools, not its default 24: their definitions alone are ~20k tokens, more than ten minutes of
     # prefill for SmolLM2 on a small CPU host (the default request's shape is the fixtures' job).
-    argv = [str(clients / "claude"), "-p", "--tools", "Bash,Read", "--system-prompt", BRIEF, "Say hello"]
+    argv = [str(clients / "claude"), "-p", "--tools", "Bash,Read", "--system-prompt", BRIEF, *flags, "Say hello"]
     done = _run(argv, work, env)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
-    assert done.stdout.strip()
+    return done.stdout
+
+
+def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
+    assert _claude(clients, gateway, tmp_path).strip()
     assert '"endpoint": "messages", "key_id": "open", "status": 200' in gateway.log()
+
+
+def test_claude_code_shows_a_thinking_models_thinking_as_a_thinking_block(
+    clients: Path, gateway: Gateway, tmp_path: Path
+) -> None:
+    """Claude Code's own stream (`--output-format stream-json`): the assistant message holds a thinking block
+    and a text block, no raw tags in its text."""
+    out = _claude(clients, gateway, tmp_path, "--model", THINKING, "--output-format", "stream-json", "--verbose")
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    blocks = [b for e in events if e.get("type") == "assistant" for b in e["message"]["content"]]
+    kinds = [b.get("type") for b in blocks]
+    assert "thinking" in kinds and "text" in kinds, events
+    thought = next(b for b in blocks if b["type"] == "thinking")
+    assert thought["thinking"].strip(), blocks
+    for block in blocks:
+        assert "<think>" not in json.dumps(block) and "</think>" not in json.dumps(block), block

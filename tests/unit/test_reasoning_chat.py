@@ -35,6 +35,8 @@ OFF = Reasoning(effort="none", enabled=False, budget_tokens=0)
         (ReasoningAsk(effort="low"), ReasoningDefault(), Reasoning("low", True, 1024)),
         (ReasoningAsk(effort="minimal"), ReasoningDefault(), Reasoning("minimal", True, 256)),
         (ReasoningAsk(effort="high"), ReasoningDefault(budget_tokens=99), Reasoning("high", True, None)),
+        (ReasoningAsk(effort="high"), ReasoningDefault(effort="high", budget_tokens=99), Reasoning("high", True, 99)),
+        (ReasoningAsk(effort="low"), ReasoningDefault(effort="high", budget_tokens=99), Reasoning("low", True, 1024)),
         (ReasoningAsk(effort="low", budget_tokens=50), ReasoningDefault(), Reasoning("low", True, 50)),
         (ReasoningAsk(), ReasoningDefault(effort="medium", budget_tokens=99), Reasoning("medium", True, 99)),
         (ReasoningAsk(), ReasoningDefault(effort="medium"), Reasoning("medium", True, 4096)),

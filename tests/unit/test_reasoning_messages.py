@@ -209,6 +209,8 @@ def test_claude_codes_adaptive_thinking_and_effort_as_recorded() -> None:
     body = engine(req, ReasoningDefault(effort="low", budget_tokens=100))
     assert body["chat_template_kwargs"] == {"enable_thinking": True, "thinking": True, "reasoning_effort": "high"}
     assert "thinking_budget_tokens" not in body  # high: as long as the model wants, not the model's low budget
+    own = engine(req, ReasoningDefault(effort="high", budget_tokens=100))  # high is the model's own effort
+    assert own["thinking_budget_tokens"] == 100
 
 
 def test_no_thinking_field_leaves_the_models_default() -> None:
