@@ -22,7 +22,7 @@ import yaml
 from gateway.ops.auth import hash_key
 from tests.browser.conftest import SCREENSHOTS, needs_browser
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,14 +46,10 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     config = yaml.safe_load(path.read_text())
     config["gpus"] = "2xv100-16gb"  # simulated: the GPU bars have something to show
     path.write_text(yaml.safe_dump(config))
-    gw = start_gateway(path, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(path, tmp / "gateway.log") as gw:
         loaded = httpx.post(f"{gw.url}/admin/models/{MODEL}/load", headers=_bearer(ADMIN_KEY), timeout=180)
         assert loaded.status_code == 200, loaded.text
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def _bearer(key: str) -> dict[str, str]:

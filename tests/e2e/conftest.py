@@ -119,12 +119,18 @@ def start_gateway(config: Path, log_path: Path, env: dict[str, str] | None = Non
 
 @contextlib.contextmanager
 def running_gateway(
-    config: Path, log_path: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()
+    config: Path,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
+    *,
+    ready_s: float = READY_TIMEOUT_S,
 ) -> Iterator[Gateway]:
-    """`start_gateway`, ready to serve (every pinned model's worker up), stopped however the block ends."""
+    """`start_gateway`, ready to serve within `ready_s` (every pinned model's worker up), stopped however the
+    block ends: the one harness every test that needs a running `voltgate serve` uses."""
     gw = start_gateway(config, log_path, env, args)
     try:
-        gw.wait_ready()
+        gw.wait_ready(ready_s)
         yield gw
     finally:
         stop_gateway(gw)
@@ -143,9 +149,5 @@ def stop_gateway(gateway: Gateway) -> None:
 @pytest.fixture(scope="session")
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("gateway")
-    gw = start_gateway(write_config(tmp, smollm2_path, free_port()), tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(write_config(tmp, smollm2_path, free_port()), tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)

@@ -25,7 +25,7 @@ import pytest
 
 from tests.clients import recorder
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.e2e.test_vision import VLM
 from tests.fixtures.vlm.build import vlm_dir
 
@@ -61,12 +61,8 @@ def vlm_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
     # The title task asks for max_tokens 1000, which SmolLM2 may use up: clamped to what a test needs.
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_body_bytes=64 * 1024 * 1024,
                           max_tokens_cap=64, max_tokens_over_cap="clamp")  # fmt: skip
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 @contextmanager

@@ -27,8 +27,7 @@ from tests.e2e.conftest import (
     MODEL,
     Gateway,
     model_entry,
-    start_gateway,
-    stop_gateway,
+    running_gateway,
     write_config,
 )
 from tests.e2e.streams import COUNTING
@@ -50,12 +49,8 @@ def agents(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                         llamacpp={"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV})  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=CAP,
                           max_tokens_over_cap="clamp", max_body_bytes=4 << 20)  # fmt: skip
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def replay(gateway: Gateway, exchange: dict[str, Any]) -> tuple[httpx.Response, list[dict[str, Any]]]:

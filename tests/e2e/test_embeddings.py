@@ -21,7 +21,7 @@ import pytest
 
 from gateway.protocol.rerank import RerankResponse
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, running_gateway, write_config
 from tests.fixtures.tiny_bert import CLS_ID, N_CTX_TRAIN, N_EMBD, SEP_ID, vocabulary, write_tiny_bert
 from tests.openai_schema import assert_matches_openai
 
@@ -46,12 +46,8 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         {"name": CHAT, "sources": [{"gguf": str(smollm2_path)}], "context": 1024, "llamacpp": THREADS,
          "alias_patterns": ["gpt-*", "claude-*"]},
     ]  # fmt: skip
-    gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=models), tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(write_config(tmp, smollm2_path, free_port(), models=models), tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def post(gateway: Gateway, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, start_gateway, stop_gateway, write_config
 from tests.e2e.streams import (
     SSE,
     chat_body,
@@ -45,12 +45,8 @@ CLEAN_EXIT = (0,)
 def two_models(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("faults")
     models = [model_entry(smollm2_path, concurrency=2), model_entry(smollm2_path, OTHER, concurrency=1)]
-    gateway = start_gateway(write_config(tmp, smollm2_path, free_port(), models=models), tmp / "gateway.log")
-    try:
-        gateway.wait_ready()
+    with running_gateway(write_config(tmp, smollm2_path, free_port(), models=models), tmp / "gateway.log") as gateway:
         yield gateway
-    finally:
-        stop_gateway(gateway)
 
 
 def start_one(smollm2_path: Path, tmp: Path, **server: object) -> Gateway:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, free_port
-from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
+from tests.e2e.conftest import Gateway, running_gateway
 from tests.openai_schema import assert_matches_openai
 from tests.unit.placement_models import write_hf_model
 
@@ -66,12 +66,8 @@ def turbomind_gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFacto
         "VOLTGATE_STANDIN_ARGV": str(argv_record),
         "PYTHONPATH": str(REPO),
     }
-    gateway = start_gateway(tmp / "config.yaml", tmp / "gateway.log", env=env)
-    try:
-        gateway.wait_ready()
+    with running_gateway(tmp / "config.yaml", tmp / "gateway.log", env=env) as gateway:
         yield gateway, argv_record
-    finally:
-        stop_gateway(gateway)
 
 
 def test_plan_sends_the_model_to_turbomind_with_fp16_flags(turbomind_gateway: tuple[Gateway, Path]) -> None:

@@ -23,7 +23,7 @@ from anthropic.types import Message, MessageTokensCount
 
 from gateway.ops.auth import hash_key
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, write_config
 from tests.e2e.streams import COUNTING, metric, scrape
 
 pytestmark = pytest.mark.e2e
@@ -249,12 +249,8 @@ def keyed(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         data_dir=str(tmp / "data"),
         keepalive_interval_s=0.2,
     )
-    gateway = start_gateway(config, tmp / "gateway.log", env={"VOLTGATE_API_KEYS": KEY})
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp / "gateway.log", env={"VOLTGATE_API_KEYS": KEY}) as gateway:
         yield gateway
-    finally:
-        stop_gateway(gateway)
 
 
 def test_a_keyed_gateway_takes_x_api_key_or_a_bearer_token_and_counts_refusals(keyed: Gateway) -> None:

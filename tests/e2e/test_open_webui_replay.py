@@ -24,7 +24,13 @@ import pytest
 from tests.clients.fixtures import load
 from tests.clients.recorder import sse_events
 from tests.conftest import free_port
-from tests.e2e.conftest import LONG_PROMPT_KV, Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import (
+    LONG_PROMPT_KV,
+    Gateway,
+    model_entry,
+    running_gateway,
+    write_config,
+)
 from tests.e2e.test_vision import IMAGE_TOKENS, VLM
 from tests.fixtures.vlm.build import vlm_dir
 
@@ -56,12 +62,8 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     entry = model_entry(model_dir / smollm2_path.name, name=VLM, context=8192, concurrency=2, default_max_tokens=8)
     entry["llamacpp"] = {**entry.get("llamacpp", {}), "cache_type": LONG_PROMPT_KV}  # the tools' 4k-token prefill
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_body_bytes=64 * 1024 * 1024)
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def replay(gateway: Gateway, body: dict[str, Any]) -> httpx.Response:

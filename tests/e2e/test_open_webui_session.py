@@ -21,8 +21,7 @@ from tests.e2e.conftest import (
     MODEL,
     Gateway,
     model_entry,
-    start_gateway,
-    stop_gateway,
+    running_gateway,
     write_config,
 )
 
@@ -41,12 +40,8 @@ def gateway(
     tmp = tmp_path_factory.mktemp("open-webui")
     entry = model_entry(smollm2_path, context=CONTEXT, concurrency=request.param, default_max_tokens=48)
     entry["llamacpp"] = {"n_threads": 1, "max_queue": 64, "prompt_cache_mib": 1024, "cache_type": LONG_PROMPT_KV}
-    gw = start_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def _message(client: openai.OpenAI, messages: list[dict[str, Any]]) -> tuple[str, Any]:

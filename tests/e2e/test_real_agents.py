@@ -29,8 +29,7 @@ from tests.e2e.conftest import (
     MODEL,
     Gateway,
     model_entry,
-    start_gateway,
-    stop_gateway,
+    running_gateway,
     write_config,
 )
 from tests.fixtures.gguf_templates import retemplated_gguf, template_text
@@ -99,12 +98,8 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
               "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry, thinking], **server)
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def _thinking_gguf(smollm2_path: Path, tmp: Path) -> Path:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,12 +42,8 @@ def reloading(smollm2_path: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Pat
         tmp_path, smollm2_path, free_port(),
         models=[entry(smollm2_path, "keep"), entry(smollm2_path, "change"), entry(smollm2_path, "drop")],
     )  # fmt: skip
-    gateway = start_gateway(config, tmp_path / "gateway.log")
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp_path / "gateway.log") as gateway:
         yield gateway, config
-    finally:
-        stop_gateway(gateway)
 
 
 def _rewrite(config: Path, smollm2_path: Path, *names_and_overrides: tuple[str, dict[str, object]]) -> None:
@@ -124,14 +120,10 @@ def test_sighup_reloads(reloading: tuple[Gateway, Path], smollm2_path: Path) -> 
 
 def test_watch_config_reloads_when_the_file_changes(smollm2_path: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, smollm2_path, free_port(), models=[entry(smollm2_path, "keep")])
-    gateway = start_gateway(config, tmp_path / "gateway.log", args=["--watch-config"])
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp_path / "gateway.log", args=["--watch-config"]) as gateway:
         _rewrite(config, smollm2_path, ("keep", {}), ("more", {}))
         deadline = time.monotonic() + 120
         while models(gateway) != {"keep", "more"}:
             assert time.monotonic() < deadline, gateway.log()[-3000:]
             time.sleep(0.5)
         gateway.wait_ready()  # the added pinned model loads
-    finally:
-        stop_gateway(gateway)

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import REPO, free_port
-from tests.e2e.conftest import Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, running_gateway, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -63,12 +63,10 @@ def fronted(upstream: Upstream, smollm2_path: Path, tmp_path_factory: pytest.Tem
     url = upstream.url
     tmp = tmp_path_factory.mktemp("remote")
     model = {"name": "team-small", "sources": [{"remote": url + "/v1", "model": "smol-on-gpu-2"}], "concurrency": 2}
-    gateway = start_gateway(write_config(tmp, smollm2_path, free_port(), models=[model]), tmp / "gateway.log")
-    try:
-        gateway.wait_ready(60)
+    with running_gateway(
+        write_config(tmp, smollm2_path, free_port(), models=[model]), tmp / "gateway.log", ready_s=60
+    ) as gateway:
         yield gateway
-    finally:
-        stop_gateway(gateway)
 
 
 def test_requests_reach_the_remote_endpoint_under_its_own_model_name(fronted: Gateway) -> None:

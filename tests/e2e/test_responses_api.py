@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, running_gateway, write_config
 from tests.e2e.streams import metric, scrape
 from tests.openai_schema import assert_matches_openai
 from tests.responses_schema import assert_event_matches, assert_matches
@@ -200,15 +200,9 @@ def persistent(smollm2_path: Path, tmp_path: Path) -> Path:
 def test_a_stored_response_survives_a_restart_and_belongs_to_its_key(persistent: Path) -> None:
     config = persistent
     env = {"VOLTGATE_API_KEYS": f"{ALICE},{BOB}"}
-    gateway = start_gateway(config, config.parent / "first.log", env=env)
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, config.parent / "first.log", env=env) as gateway:
         first, _ = create_raw(gateway.client(api_key=ALICE), input="My name is Zed.", max_output_tokens=16)
-    finally:
-        stop_gateway(gateway)
-    gateway = start_gateway(config, config.parent / "second.log", env=env)
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, config.parent / "second.log", env=env) as gateway:
         alice, bob = gateway.client(api_key=ALICE), gateway.client(api_key=BOB)
         assert alice.responses.retrieve(first.id).output_text == first.output_text
         second, _ = create_raw(alice, input="What is my name?", previous_response_id=first.id, max_output_tokens=16)
@@ -227,6 +221,4 @@ def test_a_stored_response_survives_a_restart_and_belongs_to_its_key(persistent:
         # The retrievals are counted too (every request is, issue 35), under no model: alice's 200, bob's 404.
         assert metric(samples, "voltgate:requests_total", endpoint="responses", status="200", model="unknown") == 1
         assert metric(samples, "voltgate:requests_total", endpoint="responses", status="404") == 1
-    finally:
-        stop_gateway(gateway)
     assert (config.parent / "data" / "responses.sqlite3").is_file()

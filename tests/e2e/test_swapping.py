@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.e2e.streams import SSE, chat_body, counting_body, metric, scrape, stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -78,12 +78,8 @@ def swap(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         model_entry(smollm2_path, "sixteen", context=512, concurrency=4, load="on_demand"),
     ]
     config = write_config(tmp, smollm2_path, free_port(), models=models, memory_budget_bytes=SWAP_BUDGET)
-    gateway = start_gateway(config, tmp / "gateway.log")
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gateway:
         yield gateway
-    finally:
-        stop_gateway(gateway)
 
 
 async def test_the_first_request_loads_an_on_demand_model(swap: Gateway) -> None:
@@ -166,13 +162,9 @@ def one(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     models = [{**m, "load": "on_demand"} for m in models]
     config = write_config(tmp, smollm2_path, free_port(), models=models, memory_budget_bytes=ONE_BUDGET,
                           keepalive_interval_s=KEEPALIVE_S, drain_timeout_s=60)  # fmt: skip
-    gateway = start_gateway(config, tmp / "gateway.log")
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gateway:
         bad.write_bytes(b"")
         yield gateway, bad
-    finally:
-        stop_gateway(gateway)
 
 
 async def test_a_request_in_flight_on_a_model_that_must_be_evicted_completes_first(one: tuple[Gateway, Path]) -> None:

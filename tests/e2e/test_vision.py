@@ -26,7 +26,7 @@ import yaml
 from PIL import Image
 
 from tests.conftest import free_port
-from tests.e2e.conftest import Gateway, model_entry, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.fixtures.vlm.build import vlm_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -64,12 +64,8 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     config = write_config(tmp, smollm2_path, free_port(), models=models, max_body_bytes=64 * 1024 * 1024)
     text = config.read_text() + "images:\n" + "".join(f"  {line}\n" for line in _yaml(images).splitlines())
     config.write_text(text)
-    gw = start_gateway(config, tmp / "gateway.log")
-    try:
-        gw.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-    finally:
-        stop_gateway(gw)
 
 
 def _yaml(value: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.app import create_app
 from gateway.config import Config
 from tests.conftest import free_port
-from tests.e2e.conftest import MODEL, Gateway, start_gateway, stop_gateway, write_config
+from tests.e2e.conftest import MODEL, Gateway, running_gateway, write_config
 from tests.openai_schema import assert_matches_openai
 
 pytestmark = pytest.mark.integration
@@ -72,12 +72,8 @@ class Served:
 def served(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("schemathesis")
     config = write_config(tmp, smollm2_path, free_port(), max_tokens_cap=MAX_TOKENS_CAP)
-    gateway = start_gateway(config, tmp / "gateway.log")
-    try:
-        gateway.wait_ready()
+    with running_gateway(config, tmp / "gateway.log") as gateway:
         yield Served(gateway, schemathesis.openapi.from_url(gateway.url + "/openapi.json"))
-    finally:
-        stop_gateway(gateway)
 
 
 def test_served_schema_is_the_apps_own_and_every_ref_resolves(served: Served) -> None:
