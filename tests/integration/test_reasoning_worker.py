@@ -241,3 +241,18 @@ def test_harmony_a_forced_call_comes_back_as_tool_calls_unary_and_streamed(gpt_o
     )
     assert answer.usage is not None and reply.usage is not None
     assert answer.usage.prompt_tokens > reply.usage.prompt_tokens + 10  # the call and the result were rendered
+
+
+def test_harmony_a_forced_call_with_no_thinking_skips_the_analysis(gpt_oss: str) -> None:
+    """A budget of 0 cannot open the final channel (no call is made there): the grammar skips the analysis."""
+    body = _chat(
+        gpt_oss,
+        messages=[{"role": "user", "content": "Forecast for Oslo, 3 days?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        thinking_budget_tokens=0,
+        max_tokens=96,
+    )
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert "reasoning_content" not in choice["message"]

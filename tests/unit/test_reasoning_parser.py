@@ -195,3 +195,17 @@ def test_the_budget_tracker_closes_an_open_block_after_limit_tokens() -> None:
 def test_the_budget_is_not_spent_on_a_block_the_model_closed() -> None:
     tracker = ThinkingBudget(2, (9,), DEEPSEEK, "thinking").tracker()
     assert [tracker.after(t) for t in ["x", "</think>", "answer", "text", "more"]] == [()] * 5
+
+
+def test_harmony_a_header_counts_as_thinking_until_it_opens_no_analysis() -> None:
+    """Reasoning tokens and the thinking budget count a header while it may still open the analysis."""
+    for header, thinking in [
+        ("<|channel|>analysis", True),
+        (" to=functions.get", False),
+        ("<|start|>assistant<|channel|>commentary", False),
+        ("<|start|>assistant<|channel|>final", False),
+    ]:
+        stream = ReasoningStream(HARMONY)
+        assert stream.thinking
+        stream.push(header)
+        assert stream.thinking is thinking, header

@@ -39,6 +39,7 @@ HARMONY_START = "<|start|>"
 HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
 HARMONY_HEADER_LIMIT = 256
 """A harmony header longer than this without `<|message|>` is not one: the text is shown as answer."""
+_ANSWER_HEADERS = ("to=functions.", HARMONY_CHANNEL + "final", HARMONY_CHANNEL + "commentary")
 HARMONY_CALL_OPEN = "<|end|><|start|>assistant"
 """What closes harmony's analysis where a tool may be called next: a new assistant message, whose header
 the model (or a call grammar) then writes."""
@@ -258,7 +259,9 @@ class ReasoningStream:
 
     @property
     def thinking(self) -> bool:
-        if self._state in (_State.HEADER, _State.THINKING):
+        if self._state is _State.HEADER:  # a header is thinking until it shows it opens no analysis message
+            return not any(mark in self._held for mark in _ANSWER_HEADERS)
+        if self._state is _State.THINKING:
             return self._channel != "final"
         return self._state is _State.START and self._syntax.format == "harmony"
 
