@@ -127,3 +127,9 @@ def test_harmony_forced_call_grammar_admits_the_analysis_then_a_call(model: Mode
 def test_harmony_forced_call_grammar_refuses_the_final_channel(model: Model) -> None:
     chain = sampler(model, HARMONY, GPT_OSS, "open", lazy=False)
     assert not follows(model, chain, "<|channel|>final<|message|>Hi")
+
+
+def test_harmony_call_grammar_holds_the_arguments_to_the_schema(model: Model) -> None:
+    good = CALL.removeprefix("<|start|>assistant")
+    assert follows(model, sampler(model, HARMONY, GPT_OSS, "answer", lazy=False), good)
+    assert not follows(model, sampler(model, HARMONY, GPT_OSS, "answer", lazy=False), good.replace('"Paris"', "3"))
