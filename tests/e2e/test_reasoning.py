@@ -10,6 +10,7 @@ template with no `reasoning_content` (it reports no reasoning family for it), th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from openai.types.responses import ResponseReasoningItem
 
 from tests.conftest import free_port
 from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
-from tests.fixtures.gguf_templates import retemplated_gguf
+from tests.fixtures.gguf_templates import retemplated_gguf, template_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -187,3 +188,65 @@ def test_a_messages_stream_is_accumulated_by_the_sdk_with_its_signature(parsed: 
         final = stream.get_final_message()
     block = final.content[0]
     assert isinstance(block, ThinkingBlock) and block.thinking and block.signature
+
+
+# --- gpt-oss (harmony): a tool call on the commentary channel, through the gateway -------------------------
+
+HARMONY_MODEL = "smol-gpt-oss"
+FORECAST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "description": "Weather forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1}},
+            "required": ["city", "days"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SmolLM2 under gpt-oss's own template, a thinking budget of 4 by default: the worker closes the analysis
+    with a new assistant message and a forced call's grammar writes its header."""
+    tmp = tmp_path_factory.mktemp("gpt-oss")
+    gguf = retemplated_gguf(smollm2_path, tmp / "smollm2-gpt-oss.gguf", template_text("gpt_oss"))
+    entry = model_entry(gguf, name=HARMONY_MODEL, default_max_tokens=96, reasoning={"budget_tokens": 4})
+    with running_gateway(write_config(tmp, gguf, free_port(), models=[entry]), tmp / "gateway.log") as gw:
+        yield gw
+
+
+def test_a_harmony_tool_call_reaches_the_sdk_streamed_or_not(gpt_oss: Gateway) -> None:
+    client = gpt_oss.client()
+    ask = {
+        "model": HARMONY_MODEL,
+        "messages": [{"role": "user", "content": "Forecast for Oslo, 3 days?"}],
+        "tools": [FORECAST_TOOL],
+        "tool_choice": "required",
+        "extra_body": GREEDY,
+    }
+    answer = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    assert (choice.message.model_extra or {}).get("reasoning_content")  # the analysis channel
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_forecast" and json.loads(call.function.arguments)["days"] >= 1
+    with client.chat.completions.stream(**ask) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0]
+    assert streamed.finish_reason == "tool_calls" and streamed.message.tool_calls
+    assert streamed.message.tool_calls[0].function.arguments == call.function.arguments
+    follow_up = client.chat.completions.create(
+        model=HARMONY_MODEL,
+        messages=[
+            {"role": "user", "content": "Forecast for Oslo, 3 days?"},
+            choice.message.model_dump(exclude_none=True),  # type: ignore[list-item]
+            {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sun"}'},
+        ],
+        tools=[FORECAST_TOOL],  # type: ignore[list-item]
+        max_tokens=8,
+        extra_body=GREEDY,
+    )
+    assert follow_up.choices[0].finish_reason in ("stop", "length", "tool_calls")

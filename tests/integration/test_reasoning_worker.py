@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -189,3 +190,69 @@ def test_gpt_oss_keeps_the_thinking_of_a_tool_call_step() -> None:
     ]
     prompt = template.render(template_messages(history), tools=[TOOLS[0]])
     assert "<|channel|>analysis<|message|>I need the clock<|end|>" in prompt
+
+
+FORECAST = {"type": "function", "function": {"name": "get_forecast"}}
+
+
+def _harmony_call_request(**extra: Any) -> dict[str, Any]:
+    """A call the grammar forces on gpt-oss: the budget closes the analysis with `<|end|><|start|>assistant`,
+    the grammar then writes a commentary message to `functions.get_forecast`."""
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Forecast for Oslo, 3 days?"}],
+        "tools": TOOLS,
+        "tool_choice": FORECAST,
+        "temperature": 0,
+        "max_tokens": 96,
+        "extra_body": {"thinking_budget_tokens": 4},
+        **extra,
+    }
+
+
+def test_harmony_a_forced_call_comes_back_as_tool_calls_unary_and_streamed(gpt_oss: str) -> None:
+    client = openai.OpenAI(base_url=gpt_oss + "/v1", api_key="unused")
+    reply = client.chat.completions.create(**_harmony_call_request())
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert (choice.message.model_extra or {}).get("reasoning_content")
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.function.name == "get_forecast"
+    jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
+    assert not choice.message.content or "<|" not in choice.message.content
+
+    with client.chat.completions.stream(**_harmony_call_request()) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0]
+    assert streamed.finish_reason == "tool_calls" and streamed.message.tool_calls is not None
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)  # greedy: the same call, streamed
+    ]
+
+    # the call and its result go back through the template (gpt-oss renders them itself)
+    history = [
+        {"role": "user", "content": "Forecast for Oslo, 3 days?"},
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny"}'},
+    ]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, temperature=0, max_tokens=8  # type: ignore[arg-type]
+    )
+    assert answer.usage is not None and reply.usage is not None
+    assert answer.usage.prompt_tokens > reply.usage.prompt_tokens + 10  # the call and the result were rendered
+
+
+def test_harmony_a_forced_call_with_no_thinking_skips_the_analysis(gpt_oss: str) -> None:
+    """A budget of 0 cannot open the final channel (no call is made there): the grammar skips the analysis."""
+    body = _chat(
+        gpt_oss,
+        messages=[{"role": "user", "content": "Forecast for Oslo, 3 days?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        thinking_budget_tokens=0,
+        max_tokens=96,
+    )
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert "reasoning_content" not in choice["message"]

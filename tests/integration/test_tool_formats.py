@@ -10,7 +10,7 @@ import pytest
 
 from backends.llamacpp.worker.text import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from backends.llamacpp.worker.tools import ParsedCall, ParsedOutput, ToolFormat, new_call_id, select_format
-from backends.llamacpp.worker.tools.formats import GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_V11
+from backends.llamacpp.worker.tools.formats import GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_V11
 from backends.llamacpp.worker.tools.messages import short_call_id
 from backends.request import EngineMessage, FunctionCall, FunctionDefinition, Tool, ToolCall
 from tests.fixtures.gguf_templates import template_families, template_text
@@ -56,11 +56,15 @@ FORMAT_OF_FIXTURE = {
     "smollm2": GENERIC,
     "gemma2": GENERIC,
     # the reasoning families' templates (docs/reasoning-worker.md): Qwen3 writes Hermes calls; DeepSeek's own
-    # call syntax and gpt-oss's harmony commentary channel have no parser here, so their tools are generic
+    # call syntax has no parser here, so its tools are generic; gpt-oss's harmony has its own
     "qwen3": HERMES,
     "deepseek_r1_distill": GENERIC,
-    "gpt_oss": GENERIC,
+    "gpt_oss": HARMONY,
 }
+
+
+H_CHANNEL = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+H_ROLE = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
 
 
 def call(name: str, **arguments: Any) -> ParsedCall:
@@ -185,6 +189,28 @@ SAMPLES: list[tuple[ToolFormat, str, str | None, list[ParsedCall] | None]] = [
     (MISTRAL_V11, "I will check.[TOOL_CALLS]get_time[ARGS]{}", "I will check.", [call("get_time")]),
     (MISTRAL_V11, "[TOOL_CALLS]get_weather[AR", None, None),
     (MISTRAL_V11, '[TOOL_CALLS]get_weather{"city": "Paris"}', None, None),
+    # gpt-oss (harmony), as the reasoning parser hands the answer over: a call message whole, from
+    # <|start|>assistant; the recipient in the channel part or in the role part
+    (HARMONY, f"{H_CHANNEL}{{\"city\": \"Paris\", \"unit\": \"celsius\"}}<|call|>", None, [PARIS]),
+    (HARMONY, f"{H_ROLE}{{\"city\": \"Paris\", \"unit\": \"celsius\"}}", None, [PARIS]),  # <|call|>: end of generation
+    (HARMONY, "<|start|>assistant<|channel|>commentary to=functions.get_time<|message|>{}<|end|>", None,
+     [call("get_time")]),
+    (HARMONY, "<|start|>assistant<|channel|>analysis to=functions.get_time <|constrain|>json<|message|>{}", None,
+     [call("get_time")]),  # llama.cpp reads a call on the analysis channel too
+    (
+        HARMONY,
+        f"Checking both.{H_CHANNEL}{{\"city\": \"Paris\", \"unit\": \"celsius\"}}<|call|>"
+        '<|start|>assistant to=functions.search_web<|channel|>commentary json<|message|>'
+        '{"query": "llama.cpp tool calling", "max_results": 3}<|call|>',
+        "Checking both.",
+        [PARIS, QUERY],
+    ),
+    (HARMONY, f'{H_CHANNEL}{{"city": "Paris"', None, None),  # cut short
+    (HARMONY, f"{H_CHANNEL}city=Paris<|call|>", None, None),  # no JSON
+    (HARMONY, f'{H_CHANNEL}{{"city": "Paris"}} and more', None, None),
+    (HARMONY, '<|start|>assistant<|channel|>commentary to=functions.nope<|message|>{}<|call|>', None, None),
+    (HARMONY, '<|start|>assistant<|channel|>commentary to=browser.search<|message|>{}<|call|>', None, None),
+    (HARMONY, "<|start|>assistant<|channel|>commentary to=functions.get_time", None, None),  # no body
     # generic: the Hermes syntax our system prompt teaches
     (
         GENERIC,
@@ -315,6 +341,31 @@ def test_llama3_messages_have_one_call_per_assistant_turn() -> None:
     prepared = LLAMA3.prepare_messages(conversation(parallel=True), TOOLS)
     assistant = [m for m in prepared if m["role"] == "assistant"]
     assert [len(m["tool_calls"]) for m in assistant] == [1, 1]
+
+
+def test_harmony_renders_each_call_of_a_turn_followed_by_its_own_result() -> None:
+    """gpt-oss's template renders a turn's first call only and names a result after the call before it."""
+    history = conversation(parallel=True)
+    history[3:5] = [history[4], history[3]]  # results in another order than the calls
+    prompt = render("gpt_oss", history)
+    weather = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+    search = "<|start|>assistant to=functions.search_web<|channel|>commentary json<|message|>"
+    assert prompt.index(weather) < prompt.index("<|start|>functions.get_weather to=assistant") < prompt.index(search)
+    result = '<|start|>functions.search_web to=assistant<|channel|>commentary<|message|>"no results"'
+    assert prompt.index(search) < prompt.index(result)
+
+
+def test_harmony_joins_a_call_turns_text_to_its_thinking() -> None:
+    """The template refuses a call turn with both text and thinking: the client echoing our reply back."""
+    call = ToolCall(id="call_1", function=FunctionCall(name="get_time", arguments="{}"))
+    history = [
+        EngineMessage(role="user", content="Time?"),
+        EngineMessage(role="assistant", content="Checking.", reasoning_content="Need the clock.", tool_calls=(call,)),
+        EngineMessage(role="tool", content="12:00", tool_call_id="call_1"),
+    ]
+    prompt = render("gpt_oss", history)
+    assert "<|channel|>analysis<|message|>Need the clock.\n\nChecking.<|end|>" in prompt
+    assert prompt.endswith("<|start|>assistant")
 
 
 def test_mistral_messages_map_call_ids_consistently() -> None:

@@ -83,6 +83,47 @@ def test_harmony_analysis_is_thinking_and_final_is_the_answer() -> None:
         assert run(HARMONY, pieces) == ("User wants a greeting.", "Hello!")
 
 
+HARMONY_CALL = (
+    '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"X"}<|call|>'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("<|channel|>analysis<|message|>Need weather.<|end|>" + HARMONY_CALL, HARMONY_CALL),
+        (  # the recipient in the role part, as the first message (the prompt wrote `<|start|>assistant`)
+            ' to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|>',
+            '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|>',
+        ),
+        (  # a preamble to the user (commentary to no one) is answer text; the call follows whole
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+            "Checking.<|end|>" + HARMONY_CALL,
+            "Checking." + HARMONY_CALL,
+        ),
+        (  # a call cut short: its text so far, for the tool parser to judge
+            "<|channel|>analysis<|message|>Need weather.<|end|>" + HARMONY_CALL[:-12],
+            HARMONY_CALL[:-12],
+        ),
+    ],
+)
+def test_harmony_call_messages_go_to_the_answer_whole(text: str, answer: str) -> None:
+    for pieces in ([text], chars(text)):
+        reasoning, content = run(HARMONY, pieces)
+        assert content == answer, pieces
+        assert reasoning == ("Need weather." if "analysis" in text else "")
+
+
+def test_harmony_a_builtin_tool_on_the_analysis_channel_stays_thinking() -> None:
+    text = "<|channel|>analysis to=browser.search <|constrain|>json<|message|>{}<|end|>"
+    assert run(HARMONY, [text]) == ("{}", "")
+
+
+def test_harmony_output_after_a_final_prompt_may_still_call() -> None:
+    """The prompt opened the final channel (a budget of 0): its end and a later message are still read."""
+    assert run(HARMONY, ["Sure.<|end|>" + HARMONY_CALL], start="answer") == ("", "Sure." + HARMONY_CALL)
+
+
 def test_harmony_unclosed_analysis_and_plain_text() -> None:
     assert run(HARMONY, ["<|channel|>analysis<|message|>thinking", " on"]) == ("thinking on", "")
     assert run(HARMONY, ["just text"]) == ("", "just text")
@@ -110,10 +151,38 @@ def test_harmony_detection_and_where_output_starts() -> None:
 def test_a_grammar_waits_for_the_end_of_the_thinking() -> None:
     grammar, triggers = after_thinking('root ::= "x"\n', (), DEEPSEEK, "thinking")
     assert grammar is not None and 'answer-root ::= "x"' in grammar and 'root ::= "</think>"' in grammar
-    assert triggers == (r"[\s\S]*?(</think>)[\s\S]*",)
-    lazy = after_thinking("g", (r"[\s\S]*?(<tool_call>)[\s\S]*",), DEEPSEEK, "thinking")
-    assert lazy == ("g", (r"[\s\S]*?</think>[\s\S]*?(<tool_call>)[\s\S]*",))
+    assert triggers == (r"^[\s\S]*?(</think>)[\s\S]*$",)  # ^...$: llama.cpp matches it against all the text
+    lazy = after_thinking("g", (r"^[\s\S]*?(<tool_call>)[\s\S]*$",), DEEPSEEK, "thinking")
+    assert lazy == ("g", (r"^[\s\S]*?</think>[\s\S]*?(<tool_call>)[\s\S]*$",))
     assert after_thinking("g", (), DEEPSEEK, "open") == ("g", ())
+
+
+def test_a_lazy_trigger_counts_only_outside_a_thinking_block_the_model_may_open() -> None:
+    """Qwen3 with tool_choice auto: a `<tool_call>` written inside `<think>` must not start the grammar
+    (the patterns' behaviour on llama.cpp's own regex: tests/integration/test_grammar_after_thinking.py)."""
+    import re  # Python's re reads these patterns as std::regex's ECMAScript does
+
+    _, triggers = after_thinking("g", (r"^[\s\S]*?(<tool_call>)[\s\S]*$",), DEEPSEEK, "open")
+
+    def fires(text: str) -> bool:
+        return any(re.fullmatch(t.removeprefix("^").removesuffix("$"), text) for t in triggers)
+
+    assert not fires("<think>\nI could write <tool_call> here")
+    assert fires("<think>\nhmm</think>\n\n<tool_call>\n{")
+    assert fires("Sure. <tool_call>\n{")  # no thinking block: the answer began at once
+    assert fires("Sure, no <think> here. <tool_call>")  # a tag mid-answer opens no thinking (ReasoningStream)
+
+
+def test_a_harmony_whole_reply_grammar_admits_the_analysis_message_first() -> None:
+    opened, _ = after_thinking('root ::= "x"\n', (), HARMONY, "open")
+    assert opened is not None and 'answer-root ::= "x"' in opened
+    assert 'root ::= ( "<|channel|>analysis<|message|>" h-not-end* "<|end|><|start|>assistant" )? answer-root' in opened
+    inside, _ = after_thinking('root ::= "x"\n', (), HARMONY, "thinking")
+    assert inside is not None and 'root ::= h-not-end* "<|end|><|start|>assistant" answer-root' in inside
+    final, _ = after_thinking('root ::= "x"\n', (), HARMONY, "open", final_message=True)
+    assert final is not None and 'h-final ::= "<|channel|>final"' in final and final.endswith(" h-final\n")
+    assert after_thinking("g", ("^t$",), HARMONY, "open") == ("g", ("^t$",))  # lazy: anchored at a header
+    assert after_thinking('root ::= "x"', (), HARMONY, "answer") == ('root ::= "x"', ())
 
 
 def test_the_budget_tracker_closes_an_open_block_after_limit_tokens() -> None:
@@ -126,3 +195,17 @@ def test_the_budget_tracker_closes_an_open_block_after_limit_tokens() -> None:
 def test_the_budget_is_not_spent_on_a_block_the_model_closed() -> None:
     tracker = ThinkingBudget(2, (9,), DEEPSEEK, "thinking").tracker()
     assert [tracker.after(t) for t in ["x", "</think>", "answer", "text", "more"]] == [()] * 5
+
+
+def test_harmony_a_header_counts_as_thinking_until_it_opens_no_analysis() -> None:
+    """Reasoning tokens and the thinking budget count a header while it may still open the analysis."""
+    for header, thinking in [
+        ("<|channel|>analysis", True),
+        (" to=functions.get", False),
+        ("<|start|>assistant<|channel|>commentary", False),
+        ("<|start|>assistant<|channel|>final", False),
+    ]:
+        stream = ReasoningStream(HARMONY)
+        assert stream.thinking
+        stream.push(header)
+        assert stream.thinking is thinking, header

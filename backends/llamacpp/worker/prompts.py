@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from backends.llamacpp.worker.native import Model
 from backends.llamacpp.worker.reasoning import (
     HARMONY_ANALYSIS,
+    HARMONY_CALL_OPEN,
     NO_REASONING,
     THINK_OPEN,
     ReasoningSyntax,
@@ -120,13 +121,14 @@ class PromptBuilder:
                 grammar = format_grammar(request)
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
-            grammar, triggers = after_thinking(grammar, (), self.reasoning, start)
+            grammar, triggers = after_thinking(grammar, (), self.reasoning, start, final_message=True)
             budget = request.thinking_budget_tokens
             return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images)
         parallel = request.parallel_tool_calls is not False
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
-        if forced:
-            grammar, triggers = after_thinking(fmt.grammar(tools, parallel=parallel), (), self.reasoning, start)
+        if forced:  # with a budget of 0 the grammar admits no thinking (harmony: the prompt skipped none)
+            grammar_start = "answer" if request.thinking_budget_tokens == 0 else start
+            grammar, triggers = after_thinking(fmt.grammar(tools, parallel=parallel), (), self.reasoning, grammar_start)
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
             grammar, triggers = after_thinking(*fmt.lazy_grammar(tools, parallel), self.reasoning, start)
         names = tuple(t.function.name for t in tools)
@@ -146,6 +148,7 @@ class PromptBuilder:
         tools: tuple[ToolFormat, tuple[str, ...], bool] | None = None,
     ) -> Prepared:
         fmt, names, forced = tools if tools is not None else (None, (), False)
+        closing = HARMONY_CALL_OPEN if tools is not None and self.reasoning.format == "harmony" else None
         return Prepared(
             tokens,
             grammar,
@@ -157,14 +160,17 @@ class PromptBuilder:
             images=images,
             reasoning=self.reasoning,
             reasoning_start=start,
-            thinking_budget=self._budget(budget, start),
+            thinking_budget=self._budget(budget, start, closing),
         )
 
-    def _budget(self, limit: int | None, start: Start) -> ThinkingBudget | None:
-        """The engine's thinking budget for a limit N > 0 where the output may think."""
+    def _budget(self, limit: int | None, start: Start, closing_text: str | None) -> ThinkingBudget | None:
+        """The engine's thinking budget for a limit N > 0 where the output may think; it closes the thinking
+        with `closing_text` (harmony with tools: a new assistant message, which may be a call), else the
+        family's closing (into the answer)."""
         if not limit or start == "answer":
             return None
-        closing = self._model.tokenize(self.reasoning.closing, add_special=False, parse_special=True)
+        text = closing_text or self.reasoning.closing
+        closing = self._model.tokenize(text, add_special=False, parse_special=True)
         return ThinkingBudget(limit, tuple(closing), self.reasoning, start)
 
     def _template_kwargs(self, request: EngineRequest) -> dict[str, object]:
@@ -183,11 +189,14 @@ class PromptBuilder:
         if request.continue_final_message or not self.reasoning.enabled:
             return text, "answer"
         start = self.reasoning.start(text)
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+        forced_call = forced and bool(request.active_tools)
+        if request.thinking_budget_tokens == 0 and forced_call and self.reasoning.format == "harmony":
+            return text, start  # skipping would open the final channel, where no call is made: the grammar skips
         if request.thinking_budget_tokens == 0:
             return text + self.reasoning.skip(start), "answer"
-        forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         structured = request.response_format is not None and request.response_format.type != "text"
-        needs_grammar = (forced and bool(request.active_tools)) or structured
+        needs_grammar = forced_call or structured
         if needs_grammar and start == "open" and self.reasoning.format == "deepseek":
             return text + THINK_OPEN + "\n", "thinking"
         if request.thinking_budget_tokens and start == "open" and self.reasoning.format == "harmony":

@@ -12,7 +12,9 @@ chosen once from the GGUF's chat template:
 
 `ReasoningStream` splits text fragments (as decoded, tags possibly split across tokens) into reasoning and
 answer pieces, holding back only what may still be the start of a tag. A thinking block still open when
-generation ends is thinking, not answer.
+generation ends is thinking, not answer. A harmony message addressed to a function (`to=functions.NAME`, a
+tool call) goes to the answer whole, header and end marker included, for the tool parser
+(`tools/harmony.py`); a commentary message to no one (a preamble) is answer text.
 """
 
 from __future__ import annotations
@@ -37,6 +39,24 @@ HARMONY_START = "<|start|>"
 HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
 HARMONY_HEADER_LIMIT = 256
 """A harmony header longer than this without `<|message|>` is not one: the text is shown as answer."""
+_ANSWER_HEADERS = ("to=functions.", HARMONY_CHANNEL + "final", HARMONY_CHANNEL + "commentary")
+HARMONY_CALL_OPEN = "<|end|><|start|>assistant"
+"""What closes harmony's analysis where a tool may be called next: a new assistant message, whose header
+the model (or a call grammar) then writes."""
+_HARMONY_HEADER = re.compile(
+    r"(?:<\|start\|>)?\s*(?:assistant)?(?:\s*to=(?P<role>[^\s<]+))?\s*<\|channel\|>(?P<channel>[A-Za-z]+)"
+    r"(?: to=(?P<to>[^\s<]+))?(?: ?(?:<\|constrain\|>)?[A-Za-z0-9_-]+)?\s*"
+)
+
+
+def recipient(header: str) -> str | None:
+    """The function a harmony header (the text before `<|message|>`) addresses: NAME of a commentary or
+    analysis message `to=functions.NAME` (in the role part or the channel part); else None."""
+    found = _HARMONY_HEADER.fullmatch(header.strip())
+    if found is None or found.group("channel") not in ("commentary", "analysis"):
+        return None
+    target = found.group("role") or found.group("to") or ""
+    return target.removeprefix("functions.") if target.startswith("functions.") else None
 
 
 @dataclass(frozen=True)
@@ -145,22 +165,64 @@ class BudgetTracker:
 
 
 def after_thinking(
-    grammar: str | None, triggers: tuple[str, ...], syntax: ReasoningSyntax, start: Start
+    grammar: str | None,
+    triggers: tuple[str, ...],
+    syntax: ReasoningSyntax,
+    start: Start,
+    *,
+    final_message: bool = False,
 ) -> tuple[str | None, tuple[str, ...]]:
-    """A grammar (and its lazy triggers) that lets an open `<think>` block through first.
+    """A grammar (and its lazy triggers) that lets the thinking through first.
 
-    With the output inside the thinking (`start` "thinking"), a lazy grammar's triggers only fire after
-    `</think>`, and a grammar that holds the whole reply (a forced call, JSON output) becomes lazy: it
-    starts at `</think>` (as llama.cpp does for templates that open the thinking). Otherwise unchanged.
+    deepseek: a lazy grammar's triggers only count after `</think>` (where the output opened or may open
+    a `<think>` block); with the output inside the thinking (`start` "thinking") a grammar that holds the
+    whole reply (a forced call, JSON output) becomes lazy, starting at `</think>` (as llama.cpp does).
+    harmony: a whole-reply grammar, which holds the message after `<|start|>assistant` (a call; with
+    `final_message`, the final channel's text, so JSON output), may first write an analysis message
+    (`start` "open") or must close the one the prompt opened ("thinking"). Lazy harmony triggers are
+    anchored at a message header already (`tools/harmony.py`). Otherwise unchanged.
     """
-    if grammar is None or syntax.format != "deepseek" or start != "thinking":
+    if grammar is None or start == "answer" or not syntax.enabled:
         return grammar, triggers
-    closed = r"[\s\S]*?" + THINK_CLOSE
+    if syntax.format == "harmony":
+        return (grammar if triggers else _after_analysis(grammar, start, final_message=final_message)), triggers
     if triggers:
-        return grammar, tuple(closed + trigger for trigger in triggers)
-    answer = re.sub(r"^root(\s*)::=", r"answer-root\1::=", grammar, flags=re.MULTILINE)
+        return grammar, _after_think_close(triggers, start)
+    if start != "thinking":
+        return grammar, triggers
     root = f'root ::= "{THINK_CLOSE}" [ \\t\\n]* answer-root'
-    return f"{answer}\n{root}\n", (r"[\s\S]*?(" + THINK_CLOSE + r")[\s\S]*",)
+    return f"{_renamed_root(grammar)}\n{root}\n", (r"^[\s\S]*?(" + THINK_CLOSE + r")[\s\S]*$",)
+
+
+def _after_think_close(triggers: tuple[str, ...], start: Start) -> tuple[str, ...]:
+    """Trigger patterns (full matches over the output so far, `^...$`) that fire only outside a `<think>`
+    block: after its `</think>` when the output began inside one or opened one first, anywhere otherwise
+    (the answer began without thinking, as `ReasoningStream` reads it)."""
+    closed = r"[\s\S]*?" + THINK_CLOSE
+    prefixes = (closed,) if start == "thinking" else (r"\s*" + THINK_OPEN + closed, r"(?!\s*" + THINK_OPEN + ")")
+    return tuple("^" + prefix + trigger.removeprefix("^") for trigger in triggers for prefix in prefixes)
+
+
+_HARMONY_NOT_END = 'h-not-end ::= [^<] | "<" [^|] | "<|" [^e] | "<|e" [^n] | "<|en" [^d] | "<|end" [^|] | "<|end|" [^>]'
+
+
+def _after_analysis(grammar: str, start: Start, *, final_message: bool) -> str:
+    """A harmony whole-reply grammar behind the analysis message (optional where the output may open
+    one, closed first where the prompt opened it)."""
+    body = _renamed_root(grammar)
+    answer = "answer-root"
+    if final_message:
+        body += '\nh-final ::= "<|channel|>final" ( " "? "<|constrain|>"? "json" )? "<|message|>" answer-root'
+        answer = "h-final"
+    analysis = f'h-not-end* "{HARMONY_CALL_OPEN}"'
+    if start == "open":
+        analysis = f'( "{HARMONY_ANALYSIS}" {analysis} )?'
+    return f"{body}\n{_HARMONY_NOT_END}\nroot ::= {analysis} {answer}\n"
+
+
+def _renamed_root(grammar: str) -> str:
+    """The grammar with its `root` rule named `answer-root`, for a new root to wrap."""
+    return re.sub(r"^root(\s*)::=", r"answer-root\1::=", grammar, flags=re.MULTILINE).rstrip("\n")
 
 
 class _State(Enum):
@@ -185,8 +247,11 @@ class ReasoningStream:
         self._syntax = syntax
         self._held = ""
         self._channel = ""
-        if syntax.format == "none" or start == "answer":
+        self._call = False  # harmony: inside a message to a function, shown whole as answer
+        if syntax.format == "none" or (start == "answer" and syntax.format != "harmony"):
             self._state = _State.ANSWER
+        elif start == "answer":  # harmony: the prompt opened the final channel; later messages may follow
+            self._state, self._channel = _State.THINKING, "final"
         elif start == "thinking":
             self._state = _State.THINKING
         else:
@@ -194,7 +259,9 @@ class ReasoningStream:
 
     @property
     def thinking(self) -> bool:
-        if self._state in (_State.HEADER, _State.THINKING):
+        if self._state is _State.HEADER:  # a header is thinking until it shows it opens no analysis message
+            return not any(mark in self._held for mark in _ANSWER_HEADERS)
+        if self._state is _State.THINKING:
             return self._channel != "final"
         return self._state is _State.START and self._syntax.format == "harmony"
 
@@ -252,11 +319,12 @@ class ReasoningStream:
         kind: PieceKind = "reasoning" if self.thinking else "content"
         at, tag = _first(self._held, ends)
         if tag is not None:
-            if self._held[:at]:
-                out.append((kind, self._held[:at]))
+            body = self._held[:at] + (tag if self._call else "")
+            if body:
+                out.append((kind, body))
             self._held = self._held[at + len(tag) :]
             self._state = _State.HEADER if self._syntax.format == "harmony" else _State.AFTER_CLOSE
-            self._channel = ""
+            self._channel, self._call = "", False
             return
         keep = max(_partial_suffix(self._held, tag) for tag in ends)
         ready, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
@@ -273,9 +341,12 @@ class ReasoningStream:
         header, self._held = self._held[:at], self._held[at + len(HARMONY_MESSAGE) :]
         channel = header.split(HARMONY_CHANNEL, 1)[1] if HARMONY_CHANNEL in header else ""
         self._channel = channel.split()[0] if channel.split() else ""
-        if self._channel not in ("analysis", "final"):
-            out.append(("content", header + HARMONY_MESSAGE))  # commentary (a tool call): the answer's business
-            self._channel = "final"
+        if recipient(header) is not None:  # a tool call: the tool parser reads the whole message
+            opening = "" if HARMONY_START in header else HARMONY_START + "assistant"
+            out.append(("content", opening + header + HARMONY_MESSAGE))
+            self._channel, self._call = "final", True
+        elif self._channel not in ("analysis", "final"):
+            self._channel = "final"  # a preamble (commentary to no one), or another channel: answer text
         self._state = _State.THINKING
 
 

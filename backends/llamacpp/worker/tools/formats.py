@@ -9,16 +9,23 @@ from typing import Any, ClassVar
 from backends.llamacpp.worker.tools import grammar as gbnf
 from backends.llamacpp.worker.tools import messages as msgs
 from backends.llamacpp.worker.tools.calls import ParsedOutput
+from backends.llamacpp.worker.tools.harmony import HarmonySyntax
 from backends.llamacpp.worker.tools.llama3 import PYTHON_TAG, Llama3Syntax
 from backends.llamacpp.worker.tools.syntax import CallSyntax, HermesSyntax, MistralSyntax, parse_output
 from backends.request import EngineMessage, Tool
+
+
+def full_match(pattern: str) -> str:
+    """A lazy-grammar trigger pattern that must match all the text generated so far: llama.cpp searches a
+    pattern anywhere in it unless it starts with `^` and ends with `$`."""
+    return "^" + pattern + "$"
 
 
 def _word_pattern(word: str) -> str:
     """A lazy-grammar trigger pattern (matched against all text generated so far) that fires at `word`:
     the grammar is applied from the first capture group on."""
     escaped = "".join("\\" + c if c in r"\^$.|?*+()[]{}" else c for c in word)
-    return rf"[\s\S]*?({escaped})[\s\S]*"
+    return full_match(rf"[\s\S]*?({escaped})[\s\S]*")
 
 
 class ToolFormat(ABC):
@@ -64,7 +71,8 @@ class ToolFormat(ABC):
         and a named tool (pass only that one)."""
 
     def trigger_patterns(self) -> tuple[str, ...]:
-        """Regexes (std::regex ECMAScript, full match over the text so far) that start a lazy grammar."""
+        """Regexes (std::regex ECMAScript, full match over the text so far: `^...$`) that start a lazy
+        grammar."""
         return (_word_pattern(self.trigger),)
 
     def lazy_grammar(self, tools: Sequence[Tool], parallel: bool) -> tuple[str, tuple[str, ...]]:
@@ -129,7 +137,7 @@ class Llama3Format(ToolFormat):
 
     def trigger_patterns(self) -> tuple[str, ...]:
         # Only a reply that opens with the call's JSON (spaced as the grammar allows) is a call.
-        return (r'\s*(\{ ?"name" ?: ?")[\s\S]*',)
+        return (full_match(r'\s*(\{ ?"name" ?: ?")[\s\S]*'),)
 
 
 class MistralFormat(ToolFormat):
@@ -163,11 +171,41 @@ class MistralNamedFormat(MistralFormat):
         return gbnf.mistral_named_grammar(tools, parallel=parallel)
 
 
+class HarmonyFormat(ToolFormat):
+    """gpt-oss (harmony): a commentary message `to=functions.NAME` whose body is the arguments' JSON."""
+
+    name = "harmony"
+    trigger = " to=functions."
+    preserved_tokens = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|end|>")
+    parallel_calls = False  # `<|call|>` ends the turn: one call per reply
+
+    def prepare_messages(
+        self,
+        messages: Sequence[EngineMessage],
+        tools: Sequence[Tool],  # noqa: ARG002
+        *,
+        system_role: bool = True,  # noqa: ARG002
+    ) -> list[dict[str, Any]]:
+        """As the base, with one call per assistant turn, each followed by its result (the template renders
+        only a turn's first call, and names a result after the call before it)."""
+        return msgs.harmony_messages(msgs.template_messages(messages))
+
+    def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:  # noqa: ARG002 (one call per turn)
+        return gbnf.harmony_grammar(tools)
+
+    def trigger_patterns(self) -> tuple[str, ...]:
+        # A call's header at the start of the output (the prompt ends in `<|start|>assistant`) or of a later
+        # message: never inside a message's text. The grammar starts at the recipient.
+        start = r"(?:[\s\S]*?<\|start\|>assistant)?"
+        return (full_match(start + r"( to=functions\.|<\|channel\|>commentary to=functions\.)[\s\S]*"),)
+
+
 GENERIC = GenericFormat(HermesSyntax())
 HERMES = HermesFormat(HermesSyntax())
 LLAMA3 = Llama3Format(Llama3Syntax())
 MISTRAL = MistralFormat(MistralSyntax())
 MISTRAL_V11 = MistralNamedFormat(MistralSyntax())
+HARMONY = HarmonyFormat(HarmonySyntax())
 
 
 def select_format(template_source: str | None) -> ToolFormat:
@@ -176,9 +214,12 @@ def select_format(template_source: str | None) -> ToolFormat:
     Like llama.cpp's `common_chat_templates_apply_jinja`: `<tool_call>` is Hermes/Qwen (unless the calls are
     XML `<function=...>`, which we cannot parse: generic), `[TOOL_CALLS]` is Mistral (with `[ARGS]`, the v11
     form), Llama 3 headers with the ipython role, `<|python_tag|>` or "parameters" are Llama 3.x; any
-    other template, or none, gets the generic format.
+    other template, or none, gets the generic format. A harmony template (`<|channel|>` and `<|call|>`: gpt-oss)
+    is harmony.
     """
     source = template_source or ""
+    if "<|channel|>" in source and "<|call|>" in source:
+        return HARMONY
     if "<tool_call>" in source and "<function=" not in source:
         return HERMES
     if MistralSyntax.OPEN in source:

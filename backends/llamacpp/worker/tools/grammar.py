@@ -181,3 +181,21 @@ def mistral_named_grammar(tools: Sequence[Tool], *, parallel: bool) -> str:
     )
     lines = [f'tc-call ::= "[TOOL_CALLS]" ( {alternatives} )', "root ::= tc-call" + ("+" if parallel else "")]
     return "\n".join([rules.text(), *lines]) + "\n"
+
+
+def harmony_grammar(tools: Sequence[Tool]) -> str:
+    """A gpt-oss call message after `<|start|>assistant`: the recipient in the role part
+    (` to=functions.NAME<|channel|>commentary json<|message|>{...}`) or in the channel part
+    (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`). One call: `<|call|>`
+    ends the turn (an end-of-generation token, which the finished grammar leaves the model free to write)."""
+    rules = ToolRules(tools)
+    kind = '( " "? "<|constrain|>"? "json" )? "<|message|>"'
+    lines = []
+    for i, (tool, rule) in enumerate(zip(tools, rules.names, strict=True)):
+        name = literal(tool.function.name)
+        lines.append(f'tc-in-role-{i} ::= {name} "<|channel|>commentary" {kind} {rule}')
+        lines.append(f"tc-in-channel-{i} ::= {name} {kind} {rule}")
+    in_role = " | ".join(f"tc-in-role-{i}" for i in range(len(tools)))
+    in_channel = " | ".join(f"tc-in-channel-{i}" for i in range(len(tools)))
+    lines.append(f'root ::= " to=functions." ( {in_role} ) | "<|channel|>commentary to=functions." ( {in_channel} )')
+    return "\n".join([rules.text(), *lines]) + "\n"

@@ -109,6 +109,49 @@ def one_call_per_message(messages: list[Message]) -> list[Message]:
     return out
 
 
+def harmony_messages(messages: list[Message]) -> list[Message]:
+    """Messages for gpt-oss's template, which renders an assistant turn's first call only, names each tool
+    result after the call rendered before it, and refuses a call turn with both text and thinking: a turn
+    of several calls becomes one turn per call, each followed by its result (matched by call id; results
+    that match none follow the last), and a call turn's text joins its thinking (the analysis message)."""
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        message, i = messages[i], i + 1
+        calls = message.get("tool_calls") or []
+        if not calls:
+            out.append(message)
+            continue
+        results: list[Message] = []
+        while i < len(messages) and messages[i]["role"] == "tool":
+            results.append(messages[i])
+            i += 1
+        out += _calls_then_results(_one_analysis(message), calls, results)
+    return out
+
+
+def _one_analysis(message: Message) -> Message:
+    thinking, text = message.get("thinking"), message.get("content")
+    if not (thinking and text):
+        return message
+    joined = thinking + "\n\n" + text
+    return {**message, "content": "", "thinking": joined, "reasoning_content": joined}
+
+
+def _calls_then_results(message: Message, calls: list[Any], results: list[Message]) -> list[Message]:
+    out: list[Message] = []
+    unused = list(results)
+    for n, call in enumerate(calls):
+        out.append(
+            {**message, "tool_calls": [call]} if n == 0 else {"role": "assistant", "content": "", "tool_calls": [call]}
+        )
+        result = next((r for r in unused if r.get("tool_call_id") == call["id"]), None)
+        if result is not None:
+            unused.remove(result)
+            out.append(result)
+    return out + unused
+
+
 # -- generic: tools described in the system prompt, calls and results written as text ----------------------
 
 
