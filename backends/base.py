@@ -166,6 +166,10 @@ class EngineCapabilities(_Frozen):
     vision: bool = False
     dimensions: bool = True
     """/v1/embeddings honours `dimensions` (a remote endpoint answers for itself; ours only for matryoshka)."""
+    longest_step_tokens: int | None = None
+    """Its streams say something at least once per engine step of at most this many tokens (heartbeats before
+    the first token), so a longer silence is a stuck engine (`gateway.serving.silence`); None: a stream may be
+    silent for a whole prefill."""
     cached_tokens: bool = True
     """Its usage's `prompt_tokens_details.cached_tokens` is measured (our worker's count; a remote endpoint's,
     as it sends it). False: the details are removed before a client sees them (docs/api.md, "Cached tokens")."""

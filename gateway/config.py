@@ -127,6 +127,12 @@ class ServerSettings(_Spec):
         default="reject", description="a request over the cap: 400 naming the field, or served with the cap"
     )
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="longest silence from a worker")
+    stream_silence_floor_s: float | None = Field(
+        default=60.0,
+        gt=0,
+        description="a stream whose llama.cpp worker sends nothing for max(this, 4 x its predicted step) ends "
+        "with an upstream_timeout error (null: only upstream_timeout_s)",
+    )
     worker_frozen_s: float | None = Field(
         default=30.0,
         gt=0,

@@ -35,8 +35,9 @@ class LlamaCppAdapter:
             return EngineCapabilities(kinds=frozenset({RequestKind.RERANK}), json_mode=False, dimensions=False)
         kinds = frozenset({RequestKind.CHAT, RequestKind.COMPLETION})
         vision = plan.mmproj is not None  # images only through a projector
+        step = None if vision else plan.llamacpp.n_batch  # an image is encoded between steps, for unmeasured time
         return EngineCapabilities(kinds=kinds, json_schema=True, tools=True, logprobs=True, dimensions=False,
-                                  vision=vision)  # fmt: skip
+                                  vision=vision, longest_step_tokens=step)  # fmt: skip
 
     def __init__(self, python: str = sys.executable, startup_timeout_s: float = 600.0) -> None:
         self._python = python

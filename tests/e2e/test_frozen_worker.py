@@ -91,3 +91,39 @@ async def test_a_stopped_worker_ends_its_stream_and_unary_request_then_is_restar
     assert ready_model(gateway, MODEL)["restarts"] == 1
     assert metric(scrape(gateway), "voltgate:worker_crashes_total", model=MODEL, cause="frozen") == 1
     assert "answered no health check" in gateway.log()
+
+
+@pytest.fixture(scope="module")
+def unwatched_gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """No health watchdog (`worker_frozen_s: null`): a stuck worker is found only by its silence on a stream,
+    after max(1 s, 4 x the predicted step) here."""
+    tmp = tmp_path_factory.mktemp("silent")
+    config = write_config(tmp, smollm2_path, free_port(), worker_frozen_s=None, stream_silence_floor_s=1)
+    with running_gateway(config, tmp / "gateway.log") as gateway:
+        yield gateway
+
+
+async def test_a_stream_whose_worker_goes_silent_ends_at_its_silence_bound(unwatched_gateway: Gateway) -> None:
+    """The worker stopped mid-stream with nothing else watching it: the stream ends with the upstream_timeout
+    error frame naming the model (not after `upstream_timeout_s`, 600 s), and the worker, resumed, serves on
+    (it was never killed)."""
+    gateway = unwatched_gateway
+    victim = worker_for(gateway, MODEL)
+    try:
+        async with open_stream(gateway.base_url + "/completions", counting_body(600)) as response:
+            assert response.status_code == 200
+            first = asyncio.Event()
+            rest = asyncio.create_task(_first_chunk_then_rest(response.aiter_lines(), first))
+            await asyncio.wait_for(first.wait(), 60)
+            victim.suspend()
+            seen = await asyncio.wait_for(rest, 120)  # a hang guard, not a speed limit
+    finally:
+        victim.resume()
+    sse = SSE(200, response.headers)
+    parse_sse("\n".join(seen).encode(), sse)
+    assert sse.data[-1] == "[DONE]" and len(sse.errors) == 1, seen[-5:]
+    assert sse.errors[0]["code"] == "upstream_timeout" and MODEL in sse.errors[0]["message"], sse.errors
+    async with httpx.AsyncClient(timeout=120) as client:
+        reply = await client.post(gateway.base_url + "/chat/completions", json=chat_body(stream=False))
+    assert reply.status_code == 200, reply.text
+    assert worker_for(gateway, MODEL).pid == victim.pid

@@ -128,3 +128,12 @@ def test_direct_dispatch_renders_errors_as_fastapi_did_and_leaves_other_methods_
         wrong_method = client.get("/v1/chat/completions")
         assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"].startswith("Method GET")
         assert "openai-processing-ms" in wrong_method.headers
+
+
+def test_a_stream_reads_with_its_silence_bound_and_a_whole_answer_with_the_upstream_timeout() -> None:
+    worker = SimpleNamespace(base_url=lambda: "http://127.0.0.1:9001", headers={})
+    deployment = cast(Deployment, SimpleNamespace(worker=worker, adapter=RemoteAdapter()))
+    upstream = Upstream(deployment, httpx.AsyncClient(), httpx.Timeout(600.0), stream_read_s=lambda: 75.0)
+    chat = EngineRequest(model="m", messages=({"role": "user", "content": "hi"},))
+    assert upstream._request(chat, stream=True).extensions["timeout"]["read"] == 75.0
+    assert upstream._request(chat).extensions["timeout"]["read"] == 600.0
