@@ -23,10 +23,10 @@ from gateway.lifecycle.policy import Backoff, Policy
 from gateway.lifecycle.workers import Status, WorkerState
 
 _SCHEDULED = {WorkerState.STOPPING: Status.FAILED, WorkerState.FAILED: Status.UNLOADED}
-"""A worker that only the scheduler starts (its policy does not `restart`) and that is in one of these states with
-no step of the scheduler on it: STOPPING, it left READY by itself a moment ago (FAILED at once, its error is
-remembered as its process is reaped); FAILED, its failure was forgotten (no waiter was left for the load after
-it), so the next request loads it: UNLOADED."""
+"""How a worker that only the scheduler starts (its policy does not `restarts`) shows in these states when the
+scheduler takes no step on it: STOPPING, it left READY by itself a moment ago (FAILED at once; its error is
+remembered as its process is reaped); FAILED with no error remembered, its failure was forgotten (no waiter was
+left for the load after it, or a model to evict stayed busy), so the next request loads it: UNLOADED."""
 
 
 @dataclass(frozen=True)
