@@ -191,15 +191,15 @@ class Residency:
         entry = self._entries.get(name)
         if entry is None:
             return
-        self._publish(entry)
         if entry.progress is None:  # no step of ours on it: its worker's own start (or restart) is under way
             entry.phase_started = time.monotonic()
-        if state is not WorkerState.FAILED or entry.policy.restarts:  # a worker that restarts itself: no more
-            return
-        if entry.load_task is None and entry.error is None:  # it was serving (or draining), not loading
+        served = entry.load_task is None and entry.error is None  # it was serving (or draining), not loading
+        if state is WorkerState.FAILED and served and not entry.policy.restarts:  # no worker restart: our part
             entry.backoff.served_for(None if entry.ready_at is None else time.monotonic() - entry.ready_at)
             reason = entry.deployment.worker.last_error or "the worker exited"
             self._failed(entry, f"model {name!r} stopped while serving: {reason}")
+        else:
+            self._publish(entry)
 
     # -- config reload (gateway.reload) -----------------------------------------------------------------
     def adopt(self, deployment: Deployment, memory: ModelMemory | None) -> None:

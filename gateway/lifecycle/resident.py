@@ -210,6 +210,8 @@ class Resident:
     def describe(self) -> dict[str, Any]:
         """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
         now, shown = time.monotonic(), self.status()
+        # a failed load's backoff, until a load ends well or an unload (a worker that restarts itself: none here)
+        remembered = self.backoff.retry_at is not None and not self.policy.restarts
         pools = sorted({*self.memory.estimated, *self.memory.measured})
         memory = {p: {"estimated_bytes": self.memory.estimated.get(p), "measured_bytes": self.memory.measured.get(p)}
                   for p in pools}  # fmt: skip
@@ -229,7 +231,7 @@ class Resident:
             "last_load_s": round(self.last_load_s, 2) if self.last_load_s is not None else None,
             "progress": self.progress_now().text if self.load_task is not None else None,
             "error": self.error if shown is Status.FAILED else None,
-            "retry_in_s": round(self.backoff.left_s(), 1) if self.backoff.retry_at and self.error else None,
+            "retry_in_s": round(self.backoff.left_s(), 1) if remembered else None,
         }
 
 

@@ -1,5 +1,6 @@
-"""The two interfaces of a model's worker: `Worker`, what the request path and the views call, and
-`WorkerHandle`, what the lifecycle drives to run one (docs/lifecycle.md: states, transitions, races).
+"""A model's one state, `WorkerState` (its diagram drawn above it, its moves in `TRANSITIONS`), and the two
+interfaces of a model's worker: `Worker`, what the request path and the views call, and `WorkerHandle`, what
+the lifecycle drives to run one (docs/lifecycle.md: the policies and the contracts).
 
 `Worker` is implemented by `gateway.lifecycle.supervisor.WorkerMachine` (a model's state machine over a
 `WorkerHandle`), `gateway.cluster.host_worker.HostWorker` (a mirror of a cluster host's own machine) and the test
