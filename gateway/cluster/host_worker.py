@@ -21,6 +21,7 @@ from gateway.cluster.access import auth_headers, new_worker_token
 from gateway.cluster.agent import HostAgent, HostLost, WorkerReport
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.memory import ReportedProbe
+from gateway.lifecycle.policy import Backoff
 from gateway.lifecycle.workers import LOCAL_WORDING, WorkerStartError, WorkerState
 
 log = logging.getLogger("voltgate.cluster")
@@ -49,6 +50,7 @@ class HostWorker:
         self.state = WorkerState.STOPPED
         self.restarts = 0
         self.last_error: str | None = None
+        self.backoff = Backoff()  # a failed load of an on-demand model, for the residency (the host restarts)
         self.pid: int | None = None
         self.lost: str | None = None  # why the host is gone, once it is
         self._plan, self._agent = plan, agent

@@ -1,7 +1,8 @@
-"""How a model lives, as values: its `Policy` (pinned, on demand, or a remote endpoint) and the one `Backoff`
-every failure uses.
+"""How a model lives, as values: its `Policy` (pinned, on demand, or a remote endpoint) and `Backoff`, one per
+worker (`gateway.lifecycle.workers.Worker.backoff`), which every failure of the model uses.
 
-The states and transitions these values steer are drawn once, in docs/lifecycle.md.
+The states and transitions these values steer are drawn once, above `gateway.lifecycle.workers.WorkerState`;
+docs/lifecycle.md says what each policy does.
 """
 
 from __future__ import annotations

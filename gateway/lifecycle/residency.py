@@ -2,8 +2,9 @@
 boot, on-demand ones at their first request; idle ones unload, and least recently used ones are evicted when
 another needs the room. Each model's `Policy` says which of these apply to it.
 
-The states (`ModelState`, and the worker's below it), the transitions and the contracts are drawn and
-written once, in docs/lifecycle.md.
+A model's state is its worker's (`gateway.lifecycle.workers.WorkerState`, its diagram above it); this module
+adds only its own steps on a model (a load under way, a drain) and a remembered failed load (`Resident`). The
+policies and contracts are written once, in docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
 from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, cluster_memory, estimates_from_placement
-from gateway.lifecycle.policy import BACKOFF_INITIAL_S
-from gateway.lifecycle.resident import Hold, ModelState, Progress, Resident
-from gateway.lifecycle.workers import WorkerStartError, WorkerState
+from gateway.lifecycle.resident import Hold, Progress, Resident
+from gateway.lifecycle.workers import Status, WorkerStartError, WorkerState
 
-__all__ = ["Hold", "ModelState", "Progress", "Residency", "ResidencyMetrics"]
+__all__ = ["Hold", "Progress", "Residency", "ResidencyMetrics"]
 
 
 class ResidencyMetrics(Protocol):
@@ -120,22 +120,12 @@ class Residency:
     def check(self, deployment: Deployment) -> None:
         """Fail fast, before a request is admitted: an on-demand model's remembered failed load is returned at
         once until its backoff ends. (A model whose worker restarts itself is waited for in `ensure_loaded`.)"""
-        entry = self._entry(deployment)
-        if not entry.policy.restarts:
-            entry.raise_if_failed()
+        self._entry(deployment).raise_if_failed()
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
         """A hold at once when the model is served now; None when it must be loaded or is still starting."""
         entry = self._entry(deployment)
-        if entry.policy.restarts:
-            try:
-                deployment.worker.base_url()  # the worker's state machine decides whether it serves now
-            except GatewayError:
-                return None
-            return entry.grant()
-        if entry.state is ModelState.READY:
-            return entry.grant()
-        return None
+        return entry.grant() if entry.serves_now() else None
 
     async def ensure_loaded(self, deployment: Deployment, *, wait_s: float | None = None) -> Hold:
         """Return a `Hold` on the model once it is READY, loading it (one load for every waiter) if needed.
@@ -187,9 +177,9 @@ class Residency:
         """What a request waiting for this model waits for (for SSE comments and progress chunks)."""
         return self._entry(deployment).progress_now()
 
-    def state(self, deployment: Deployment) -> ModelState:
+    def state(self, deployment: Deployment) -> Status:
         """For display (/v1/models, /ready, /admin/models); never a precondition."""
-        return self._entry(deployment).shown_state()
+        return self._entry(deployment).status()
 
     def failure(self, deployment: Deployment) -> str | None:
         """Why a FAILED model is failed (for display); None for every other state."""
@@ -201,16 +191,15 @@ class Residency:
         entry = self._entries.get(name)
         if entry is None:
             return
-        self._publish(entry)
-        if entry.policy.restarts:
+        if entry.progress is None:  # no step of ours on it: its worker's own start (or restart) is under way
             entry.phase_started = time.monotonic()
-            return
-        if state is not WorkerState.FAILED:
-            return
-        if entry.state in (ModelState.READY, ModelState.DRAINING):
+        served = entry.load_task is None and entry.error is None  # it was serving (or draining), not loading
+        if state is WorkerState.FAILED and served and not entry.policy.restarts:  # no worker restart: our part
             entry.backoff.served_for(None if entry.ready_at is None else time.monotonic() - entry.ready_at)
             reason = entry.deployment.worker.last_error or "the worker exited"
             self._failed(entry, f"model {name!r} stopped while serving: {reason}")
+        else:
+            self._publish(entry)
 
     # -- config reload (gateway.reload) -----------------------------------------------------------------
     def adopt(self, deployment: Deployment, memory: ModelMemory | None) -> None:
@@ -244,7 +233,7 @@ class Residency:
             hold = await self._await_worker(entry, self._settings.startup_timeout_s)
             hold.release()
             return
-        if entry.state is ModelState.FAILED:
+        if entry.status() is Status.FAILED:
             entry.backoff.retry_at = None
             entry.retry_crashed = True
         hold = await self.ensure_loaded(deployment, wait_s=self._settings.startup_timeout_s)
@@ -260,7 +249,7 @@ class Residency:
                 param="model",
             )
         async with self._lock:
-            if entry.state is ModelState.READY:
+            if entry.status() is Status.READY:
                 await self._unload(entry, "admin", f"an admin asked to unload {entry.name!r}")
 
     def describe(self, deployment: Deployment) -> dict[str, Any]:
@@ -289,21 +278,22 @@ class Residency:
         """Start a load for waiters of a model that is not loaded and has no load on the way."""
         if self._closing or not entry.pending or entry.load_task is not None:
             return
-        if entry.state in (ModelState.UNLOADED, ModelState.FAILED):
-            self._set_state(entry, ModelState.LOADING, "waiting for other loads and unloads to finish")
+        if entry.status() in (Status.UNLOADED, Status.FAILED):
             entry.load_task = asyncio.create_task(self._load(entry), name=f"load:{entry.name}")
+            self._step(entry, "waiting for other loads and unloads to finish")
 
     async def _load(self, entry: Resident) -> None:
+        """One load, for every waiter: its outcome is READY, FAILED (`_failed`, the error remembered) or, when
+        every waiter gave up or a model to evict stayed busy, UNLOADED (a failure before it forgotten)."""
         try:
             async with self._lock:
                 if not entry.pending:  # everyone gave up while it waited for its turn
-                    self._set_state(entry, ModelState.UNLOADED)
+                    entry.error = None
                     return
-                await self._make_room(entry)
-                await self._start(entry)
+                if await self._make_room(entry):
+                    await self._start(entry)
         except GatewayError as exc:
-            if entry.state is ModelState.LOADING:
-                self._set_state(entry, ModelState.UNLOADED)
+            entry.error = None
             error = exc
             entry.fail_pending(lambda: GatewayError(error.code, error.message, retry_after_s=error.retry_after_s))
         except Exception as exc:
@@ -311,12 +301,13 @@ class Residency:
             self._failed(entry, f"model {entry.name!r} could not be loaded: internal error ({type(exc).__name__})")
         finally:
             entry.load_task = None
+            self._step(entry, None)
 
     async def _start(self, entry: Resident) -> None:
         worker = entry.deployment.worker
         before = self.pools.gpu_used(entry.memory.gpu_indices, entry.memory.host)
         started = time.monotonic()
-        self._set_state(entry, ModelState.LOADING, f"starting its worker (needs {entry.memory.describe()})")
+        self._step(entry, f"starting its worker (needs {entry.memory.describe()})")
         log.info("loading %s (needs %s)", entry.name, entry.memory.describe())
         try:
             retry, entry.retry_crashed = entry.retry_crashed, False
@@ -333,45 +324,45 @@ class Residency:
         self._metrics.load_duration.labels(entry.name).observe(entry.last_load_s)
         entry.error, entry.backoff.retry_at, entry.ready_at = None, None, time.monotonic()
         log.info("loaded %s in %.1f s: takes %s", entry.name, entry.last_load_s, entry.memory.describe())
-        self._set_state(entry, ModelState.READY)
-        entry.grant_pending()
+        entry.grant_pending()  # READY: in this step, as `_load` ends
 
     def _failed(self, entry: Resident, message: str) -> None:
         backoff = entry.backoff.fail()
         entry.error = message
         log.error("%s; requests get this error for %.0f s, then the next one tries again", message, backoff)
-        self._set_state(entry, ModelState.FAILED)
+        self._step(entry, None)
         entry.fail_pending(entry.failed_error)
 
     # -- memory -----------------------------------------------------------------------------------------
     def _resident(self) -> list[Resident]:
         """The models holding memory: those never evicted (pinned), and the others READY or DRAINING."""
-        return [e for e in self._all() if not e.evictable or e.state in (ModelState.READY, ModelState.DRAINING)]
+        return [e for e in self._all() if not e.evictable or e.status() in (Status.READY, Status.DRAINING)]
 
-    async def _make_room(self, entry: Resident) -> None:
+    async def _make_room(self, entry: Resident) -> bool:
         """Unload what must go for `entry` to fit (`gateway.lifecycle.eviction`: idle models least recently used
-        first, then busy ones, drained); or raise, with the numbers, when even that would not be enough."""
+        first, then busy ones, drained); False, the load failed with the numbers, when even that would not be
+        enough. Raises when a model to unload stays busy past the drain bound."""
         residents = self._resident()
-        candidates = [e for e in residents if e.evictable and e is not entry and e.state is ModelState.READY]
+        candidates = [e for e in residents if e.evictable and e is not entry and e.status() is Status.READY]
         victims, short = choose_victims(self.pools, entry, residents, candidates)
         if short:
             self._failed(entry, no_room(self.pools, entry, residents, short))
-            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
+            return False
         for victim in victims:
             await self._unload(victim, "memory", eviction_reason(victim, entry), for_entry=entry)
-        await self._wait_for_gpus(entry)
+        return await self._wait_for_gpus(entry)
 
-    async def _wait_for_gpus(self, entry: Resident) -> None:
+    async def _wait_for_gpus(self, entry: Resident) -> bool:
         """After unloads a GPU may take a moment to show the memory freed; never start a load that does not
-        fit by NVML (a clear refusal beats an out-of-memory crash)."""
+        fit by NVML (a clear refusal beats an out-of-memory crash): False, the load failed, when it does not."""
         if not self.pools.live_gpus or not entry.memory.gpu_indices or entry.memory.host is not None:
-            return  # a cluster host's readings come with its agent's reports: no polling here
+            return True  # a cluster host's readings come with its agent's reports: no polling here
         deadline = time.monotonic() + GPU_RECOVERY_S
         while (short := shortfall(self.pools, entry, self._resident())) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.25)  # polling NVML: nothing signals freed GPU memory
         if short:
             self._failed(entry, no_room(self.pools, entry, self._resident(), short))
-            raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, entry.error or "", retry_after_s=BACKOFF_INITIAL_S)
+        return not short
 
     def _measure(self, entry: Resident, gpu_before: dict[int, int] | None = None) -> None:
         self.pools.measure(entry.memory, entry.deployment.worker.pid, gpu_before)
@@ -380,18 +371,20 @@ class Residency:
     # -- unloading --------------------------------------------------------------------------------------
     async def _unload(self, entry: Resident, reason: str, why: str, *, for_entry: Resident | None = None) -> None:
         """Drain (holds only end), then stop. Runs under the lock. Raises when the drain bound passes."""
-        self._set_state(entry, ModelState.DRAINING, "unloading")
+        entry.draining = True
+        self._step(entry, "unloading")
         if entry.holds:
             bound = self._settings.drain_timeout_s
             waiting = f"waiting for {entry.holds} request(s) on {entry.name!r} to finish (up to {bound:.0f} s)"
             entry.progress = waiting
             if for_entry is not None:
-                self._set_state(for_entry, ModelState.LOADING, f"making room: {waiting}")
+                self._step(for_entry, f"making room: {waiting}")
             log.info("to unload %s: %s", entry.name, waiting)
             try:
                 await asyncio.wait_for(entry.idle.wait(), bound)
             except TimeoutError:
-                self._set_state(entry, ModelState.READY)
+                entry.draining = False
+                self._step(entry, None)  # READY again
                 entry.grant_pending()
                 raise GatewayError(
                     ErrorCode.WORKER_UNAVAILABLE,
@@ -401,12 +394,13 @@ class Residency:
                     retry_after_s=10,
                 ) from None
         if for_entry is not None:
-            self._set_state(for_entry, ModelState.LOADING, f"making room: unloading {entry.name!r}")
+            self._step(for_entry, f"making room: unloading {entry.name!r}")
         log.warning("unloading %s (%s): %s", entry.name, reason, why)
         await entry.deployment.worker.stop(grace_s=STOP_GRACE_S)
         self._metrics.model_evictions.labels(entry.name, reason).inc()
         entry.backoff.reset()
-        self._set_state(entry, ModelState.UNLOADED)
+        entry.draining, entry.error = False, None
+        self._step(entry, None)  # UNLOADED
         self._kick(entry)  # requests that came while it drained: it loads again after this change
 
     async def _reap_loop(self) -> None:
@@ -449,14 +443,15 @@ class Residency:
                 self._measure(entry, before)
 
     # -- bookkeeping ------------------------------------------------------------------------------------
-    def _set_state(self, entry: Resident, state: ModelState, progress: str | None = None) -> None:
-        if progress != entry.progress or state is not entry.state:
+    def _step(self, entry: Resident, progress: str | None) -> None:
+        """Say what the scheduler does to `entry` now (None: nothing) and publish its status."""
+        if progress != entry.progress:
             entry.phase_started = time.monotonic()
-        entry.state, entry.progress = state, progress
+        entry.progress = progress
         self._publish(entry)
 
     def _publish(self, entry: Resident) -> None:
-        self._metrics.set_model_state(entry.name, self.state(entry.deployment).value, [s.value for s in ModelState])
+        self._metrics.set_model_state(entry.name, entry.status().value, [s.value for s in Status])
         for pool, n in entry.memory.estimated.items():
             self._metrics.model_memory.labels(entry.name, pool, "estimated").set(n)
         for pool, n in entry.memory.measured.items():

@@ -1,8 +1,11 @@
-"""One model as the residency manager keeps it (`Resident`): its state, the holds requests keep on it, the
-requests waiting for its load, its memory and load history; and the admin view of it.
+"""One model as the residency manager keeps it (`Resident`): the holds requests keep on it, the requests
+waiting for its load, what the scheduler is doing to it (a load, a drain), a remembered failed load, its memory
+and load history; and the admin view of it.
 
-Only `gateway.lifecycle.residency` (the scheduler, under its lock or on the event loop) calls what changes a
-`Resident`; the rest reads. Its states are drawn in docs/lifecycle.md.
+It keeps no state of its own: the model's state is its worker's (`gateway.lifecycle.workers.WorkerState`, drawn
+there), shown as the scheduler's step on it while it takes one (`Resident.status`). Only
+`gateway.lifecycle.residency` (the scheduler, under its lock or on the event loop) calls what changes a
+`Resident`; the rest reads.
 """
 
 from __future__ import annotations
@@ -11,31 +14,19 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import Backoff, Policy
-from gateway.lifecycle.workers import WorkerState
+from gateway.lifecycle.workers import Status, WorkerState
 
-
-class ModelState(StrEnum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
-
-
-_WORKER_STATES = {
-    WorkerState.STOPPED: ModelState.UNLOADED,
-    WorkerState.STARTING: ModelState.LOADING,
-    WorkerState.READY: ModelState.READY,
-    WorkerState.STOPPING: ModelState.DRAINING,
-    WorkerState.FAILED: ModelState.FAILED,
-}
+_SCHEDULED = {WorkerState.STOPPING: Status.FAILED, WorkerState.FAILED: Status.UNLOADED}
+"""How a worker that only the scheduler starts (its policy does not `restarts`) shows in these states when the
+scheduler takes no step on it: STOPPING, it left READY by itself a moment ago (FAILED at once; its error is
+remembered as its process is reaped); FAILED with no error remembered, its failure was forgotten (no waiter was
+left for the load after it, or a model to evict stayed busy), so the next request loads it: UNLOADED."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +62,12 @@ class Hold:
 class Resident:
     """A deployment's residency bookkeeping. `holds` counts requests holding it (admitted, queued for a
     slot or at the worker); `pending` are requests waiting for its load, each granted a `Hold` (or the
-    load's error) in the step the load ends; `idle` is set while nothing holds it."""
+    load's error) in the step the load ends; `idle` is set while nothing holds it. `load_task` is the load
+    under way, `draining` an unload waiting for its holds to end (no new ones meanwhile), `error` the failed
+    load remembered (with `backoff`) until the next load: the scheduler's steps, over its worker's state."""
 
     deployment: Deployment
     memory: ModelMemory
-    state: ModelState = ModelState.UNLOADED
     holds: int = 0
     pending: set[asyncio.Future[Hold]] = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -83,13 +75,13 @@ class Resident:
     last_used_wall: float | None = None
     load_task: asyncio.Task[None] | None = None
     reaping: bool = False
+    draining: bool = False
     progress: str | None = None
     phase_started: float = 0.0
     loads: int = 0
     last_load_s: float | None = None
     ready_at: float | None = None
     error: str | None = None
-    backoff: Backoff = field(default_factory=Backoff)  # a failed load remembered, when the worker does not restart
     retry_crashed: bool = False  # an admin load: also retry a worker that gave up after a crash loop
 
     def __post_init__(self) -> None:
@@ -104,6 +96,11 @@ class Resident:
         return self.deployment.policy
 
     @property
+    def backoff(self) -> Backoff:
+        """Its worker's (`gateway.lifecycle.workers.Worker.backoff`): a failed load is remembered in it."""
+        return self.deployment.worker.backoff
+
+    @property
     def evictable(self) -> bool:
         return self.policy.evictable
 
@@ -111,6 +108,16 @@ class Resident:
         self.last_used, self.last_used_wall = time.monotonic(), time.time()
 
     # -- holds and waiters (changed only by `gateway.lifecycle.residency`) --------------------------------
+    def serves_now(self) -> bool:
+        """READY with no step of the scheduler on it, and its worker's state machine says it serves now."""
+        if self.status() is not Status.READY:
+            return False
+        try:
+            self.deployment.worker.base_url()
+        except GatewayError:
+            return False
+        return True
+
     def grant(self) -> Hold:
         """A new hold: the model is not unloaded until it is released."""
         self.holds += 1
@@ -146,7 +153,8 @@ class Resident:
         return GatewayError(ErrorCode.WORKER_UNAVAILABLE, self.error or "failed to load", retry_after_s=left)
 
     def raise_if_failed(self) -> None:
-        if self.state is ModelState.FAILED and self.backoff.waiting():
+        """The remembered failed load while its backoff lasts (a model whose worker restarts itself has none)."""
+        if self.status() is Status.FAILED and self.error is not None and self.backoff.waiting():
             raise self.failed_error()
 
     def still_loading(self, waited_s: float) -> GatewayError:
@@ -158,30 +166,36 @@ class Resident:
         )
 
     # -- views ----------------------------------------------------------------------------------------------
-    def shown_state(self) -> ModelState:
-        """For display (/v1/models, /ready, /admin/models); never a precondition. A pinned model shows its
-        worker's state; an on-demand one whose worker died a moment ago shows FAILED at once."""
+    def status(self) -> Status:
+        """The model's state as shown (/v1/models, /ready, /admin/models); never a precondition outside the
+        scheduler. Its worker's, unless the scheduler is loading or draining it or remembers its failed load
+        (and, for a worker only the scheduler starts, `_SCHEDULED`)."""
+        if self.load_task is not None:
+            return Status.LOADING
+        if self.error is not None:
+            return Status.FAILED
+        if self.draining:
+            return Status.DRAINING
         worker = self.deployment.worker.state
-        if self.policy.restarts:  # its worker loads and restarts it: the worker's state is the model's
-            return _WORKER_STATES[worker]
-        if self.state is ModelState.READY and worker is not WorkerState.READY:
-            return ModelState.FAILED
-        return self.state
+        if self.policy.restarts:
+            return worker.status
+        return _SCHEDULED.get(worker, worker.status)
 
     def progress_now(self) -> Progress:
-        if self.policy.restarts:  # it loads in its worker's own loop: say which start it waits for
+        """What a request waiting for the model waits for: the scheduler's step, else which start of its worker."""
+        if self.progress is None:
             worker = self.deployment.worker
             words = worker.wording
             phase = words.starting_phase if worker.restarts == 0 else words.restarting_phase
             return Progress(self.name, phase, time.monotonic() - self.phase_started, loading=words.loads)
-        return Progress(self.name, self.progress or "loading", time.monotonic() - self.phase_started)
+        return Progress(self.name, self.progress, time.monotonic() - self.phase_started)
 
     def idle_for_long(self, now: float) -> bool:
         """READY with no request for its policy's `idle_unload_s` (only on-demand models have one): unload it."""
         ttl = self.policy.idle_unload_s
         return (
             ttl is not None
-            and self.state is ModelState.READY
+            and self.status() is Status.READY
             and not self.holds
             and self.last_used is not None
             and now - self.last_used >= ttl
@@ -189,13 +203,15 @@ class Resident:
 
     def failure(self) -> str | None:
         """Why a FAILED model is failed (for display); None in every other state."""
-        if self.shown_state() is not ModelState.FAILED:
+        if self.status() is not Status.FAILED:
             return None
-        return (self.deployment.worker.last_error if self.policy.restarts else self.error) or "the worker failed"
+        return self.error or self.deployment.worker.last_error or "the worker failed"
 
     def describe(self) -> dict[str, Any]:
         """The admin view: state, requests, last use, memory per pool (estimated and measured), loads."""
-        now, shown = time.monotonic(), self.shown_state()
+        now, shown = time.monotonic(), self.status()
+        # a failed load's backoff, until a load ends well or an unload (a worker that restarts itself: none here)
+        remembered = self.backoff.retry_at is not None and not self.policy.restarts
         pools = sorted({*self.memory.estimated, *self.memory.measured})
         memory = {p: {"estimated_bytes": self.memory.estimated.get(p), "measured_bytes": self.memory.measured.get(p)}
                   for p in pools}  # fmt: skip
@@ -213,9 +229,9 @@ class Resident:
             "memory": memory,
             "loads": self.loads,
             "last_load_s": round(self.last_load_s, 2) if self.last_load_s is not None else None,
-            "progress": self.progress_now().text if self.state is ModelState.LOADING else None,
-            "error": self.error if shown is ModelState.FAILED else None,
-            "retry_in_s": round(self.backoff.left_s(), 1) if self.backoff.retry_at and self.error else None,
+            "progress": self.progress_now().text if self.load_task is not None else None,
+            "error": self.error if shown is Status.FAILED else None,
+            "retry_in_s": round(self.backoff.left_s(), 1) if remembered else None,
         }
 
 

@@ -1,7 +1,8 @@
 """WorkerMachine: a model's worker states over a `WorkerHandle`, for pinned, on-demand and remote models alike.
 
-The states, the transitions and the crash-loop rule are drawn in docs/lifecycle.md ("States", "Backoff and
-crash loops"); the race semantics of every method are those of `gateway.lifecycle.workers.Worker`. What
+The states and transitions are `gateway.lifecycle.workers.WorkerState`'s (drawn above it, every move checked
+against `TRANSITIONS`); the crash-loop rule is in docs/lifecycle.md ("Backoff and crash loops"); the race
+semantics of every method are those of `gateway.lifecycle.workers.Worker`. What
 differs between a pinned, an on-demand and a remote model are values of its `Policy`: `restarts` (after a
 failure, start again by itself once the `Backoff` ends; otherwise stay FAILED until the next `start()`),
 `gives_up` (stop after a crash loop, or restart forever) and `backoff_max_s`. What a 503 calls the worker is
@@ -20,6 +21,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import CRASH_LIMIT, HEALTHY_RESET_S, Backoff, Policy
 from gateway.lifecycle.workers import (
     NO_HEADERS,
+    IllegalTransition,
     Wording,
     WorkerHandle,
     WorkerStartError,
@@ -85,7 +87,8 @@ class WorkerMachine:
         loop starts again only with `retry` (an admin load, a config reload)."""
         if retry and self.gave_up is not None:
             self.gave_up, self._streak = None, 0
-            self.backoff.reset()
+            if self.policy.restarts:  # else a request's load restarts it, and `Residency` keeps its backoff
+                self.backoff.reset()
         if self.gave_up is not None:
             return
         if self._task is None or self._task.done():
@@ -169,8 +172,11 @@ class WorkerMachine:
                 await asyncio.wait_for(changed.wait(), left)
 
     def _set_state(self, state: WorkerState) -> None:
+        """Move to `state` (staying put is no move); `IllegalTransition` for a move the diagram lacks."""
         if state is self.state:
             return
+        if not self.state.can_become(state):
+            raise IllegalTransition(self.state, state)
         self.state = state
         if state is WorkerState.READY:
             self._ready.set()
@@ -210,11 +216,14 @@ class WorkerMachine:
                 return
             if ready_at is not None and time.monotonic() - ready_at >= self.backoff.healthy_reset_s:
                 self._streak = 0  # it served for a while: not a crash loop
-            self.backoff.served_for(None if ready_at is None else time.monotonic() - ready_at)
             self._crashed(cause)
+            if not self.policy.restarts:  # a request's load starts it again: `Residency` counts it in `backoff`
+                self._set_state(WorkerState.FAILED)
+                return
+            self.backoff.served_for(None if ready_at is None else time.monotonic() - ready_at)
             delay = self.backoff.fail()
             self._set_state(WorkerState.FAILED)
-            if not self.policy.restarts or self.gave_up is not None:
+            if self.gave_up is not None:
                 return
             log.log(self._loudness(logging.WARNING), "worker %s: restarting in %.0f s", self.name, delay)
             await asyncio.sleep(delay)

@@ -1,5 +1,6 @@
-"""The two interfaces of a model's worker: `Worker`, what the request path and the views call, and
-`WorkerHandle`, what the lifecycle drives to run one (docs/lifecycle.md: states, transitions, races).
+"""A model's one state, `WorkerState` (its diagram drawn above it, its moves in `TRANSITIONS`), and the two
+interfaces of a model's worker: `Worker`, what the request path and the views call, and `WorkerHandle`, what
+the lifecycle drives to run one (docs/lifecycle.md: the policies and the contracts).
 
 `Worker` is implemented by `gateway.lifecycle.supervisor.WorkerMachine` (a model's state machine over a
 `WorkerHandle`), `gateway.cluster.host_worker.HostWorker` (a mirror of a cluster host's own machine) and the test
@@ -38,6 +39,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Protocol
 
+from gateway.lifecycle.policy import Backoff
+
 
 class WorkerStartError(Exception):
     """A worker exited, timed out or logged a fatal line while starting; the message carries its last log lines
@@ -48,12 +51,89 @@ class WorkerStartError(Exception):
         self.cause = cause
 
 
+class Status(StrEnum):
+    """The word a model's state is shown by in /v1/models (`status`), /ready (`status`), /admin/models (`state`),
+    the status page and `voltgate:model_state`: a vocabulary, not a state. It is never stored or changed: it is
+    `WorkerState.status`, or the scheduler's step on the model (`gateway.lifecycle.resident.Resident.status`)."""
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+# A model's worker: the one state machine of a model; its events are `WorkerMachine`'s
+# (`gateway.lifecycle.supervisor`). A state is named as /health, /ready's `state` and `voltgate:worker_state`
+# show it; in brackets, its `Status`, as /v1/models shows the model. docs/lifecycle.md adds the policies.
+#
+#                start()                    healthy
+#   STOPPED ────────────────▶ STARTING ────────────────▶ READY
+#   (unloaded)                (loading)                  (ready)
+#     ▲   ▲                    │     ▲                    │   │
+#     │   │       start failed │     │ the backoff ended  │   │ stop(); or it froze
+#     │   │        (it exited) │     │ (policy restarts), │   │ (its process alive)
+#     │   │                    ▼     │ or start()         │   ▼
+#     │   │   stop()          FAILED ┘                    │  STOPPING ◀── stop() of STARTING, or
+#     │   └────────────────── (failed) ◀──────────────────┘  (draining)    its start failed while
+#     │                          ▲     exited by itself: a    │   │        its process is alive
+#     │                          │     crash, an OOM kill, a  │   │
+#     │                          │     failed health check    │   │
+#     │                          └──── terminated (it had ────┘   │
+#     │                                failed or frozen)          │
+#     └──────────────────────────────── terminated after stop() ──┘
+#
+#   stop() of a STARTING or READY worker whose process is already gone: straight to STOPPED.
+#   After CRASH_LIMIT failures in a row with no request served between, under a policy that `gives_up`, it
+#   stays FAILED: only start(retry=True) (an admin load, a config reload) starts it again.
 class WorkerState(StrEnum):
+    """The state of a model's worker; `TRANSITIONS` lists the moves the diagram above allows."""
+
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
     FAILED = "failed"
+
+    @property
+    def status(self) -> Status:
+        """How the model is shown while its worker is in this state (and the scheduler does nothing to it)."""
+        return _STATUS[self]
+
+    def can_become(self, state: WorkerState) -> bool:
+        """Whether the diagram has the move from this state to `state`."""
+        return state in TRANSITIONS[self]
+
+
+_STATUS = {
+    WorkerState.STOPPED: Status.UNLOADED,
+    WorkerState.STARTING: Status.LOADING,
+    WorkerState.READY: Status.READY,
+    WorkerState.STOPPING: Status.DRAINING,
+    WorkerState.FAILED: Status.FAILED,
+}
+
+TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = MappingProxyType(
+    {
+        WorkerState.STOPPED: frozenset({WorkerState.STARTING}),
+        WorkerState.STARTING: frozenset(
+            {WorkerState.READY, WorkerState.FAILED, WorkerState.STOPPING, WorkerState.STOPPED}
+        ),
+        WorkerState.READY: frozenset({WorkerState.STOPPING, WorkerState.FAILED, WorkerState.STOPPED}),
+        WorkerState.STOPPING: frozenset({WorkerState.FAILED, WorkerState.STOPPED}),
+        WorkerState.FAILED: frozenset({WorkerState.STARTING, WorkerState.STOPPED}),
+    }
+)
+"""Every move of a worker's state: `WorkerMachine` raises `IllegalTransition` on any other (a staying put is no
+move). A cluster's `HostWorker` mirrors what its host reports, polled, so it may see two moves as one jump."""
+
+
+class IllegalTransition(RuntimeError):
+    """A move of a worker's state that `TRANSITIONS` does not have: a bug in the machine, never a user's error."""
+
+    def __init__(self, old: WorkerState, new: WorkerState) -> None:
+        super().__init__(f"a worker cannot go from {old.value} to {new.value}")
+        self.old, self.new = old, new
 
 
 class Worker(Protocol):
@@ -63,6 +143,10 @@ class Worker(Protocol):
     state: WorkerState
     restarts: int
     last_error: str | None
+    backoff: Backoff
+    """The model's one `Backoff`: the wait before its next start after failures in a row. A worker that restarts
+    itself (`Policy.restarts`) counts its failures in it; for the others `gateway.lifecycle.residency` counts the
+    failed loads, and refuses requests with it meanwhile (Retry-After)."""
 
     @property
     def pid(self) -> int | None:

@@ -21,12 +21,12 @@ from gateway import __version__
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, gpu_pool, on_host
 from gateway.lifecycle.residency import Residency
-from gateway.lifecycle.resident import ModelState
+from gateway.lifecycle.workers import Status
 from gateway.ops.activity import BIN_S, ErrorEvent, SpeedBin
 from gateway.ops.auth import Principal
 from gateway.ops.metrics import Metrics
 
-IN_MEMORY = (ModelState.READY.value, ModelState.LOADING.value, ModelState.DRAINING.value)
+IN_MEMORY = (Status.READY.value, Status.LOADING.value, Status.DRAINING.value)
 
 
 class _Out(BaseModel):

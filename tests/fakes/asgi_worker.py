@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from backends.request import EngineRequest
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.policy import Backoff
 from gateway.lifecycle.workers import LOCAL_WORDING, NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 
 BASE_URL = "http://fake-worker"
@@ -106,6 +107,7 @@ class FakeWorker:
         self.state = WorkerState.STOPPED
         self.restarts = 0
         self.last_error: str | None = None
+        self.backoff = Backoff()  # counted by the residency: a fake never restarts itself
         self.pid: int | None = None
         self.successes = 0
 

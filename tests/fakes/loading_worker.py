@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.policy import Backoff
 from gateway.lifecycle.workers import LOCAL_WORDING, NO_HEADERS, WorkerStartError, WorkerState, restarted_message
 from tests.fakes.asgi_worker import BASE_URL
 
@@ -37,6 +38,7 @@ class FakeLoadingWorker:
         self.state = WorkerState.STOPPED
         self.restarts = 0
         self.last_error: str | None = None
+        self.backoff = Backoff()  # counted by the residency: a fake never restarts itself
         self.pid: int | None = None
         self.starts = 0
         self.stops = 0

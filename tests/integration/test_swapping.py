@@ -19,7 +19,8 @@ from gateway.config import ServerSettings
 from gateway.errors import GatewayError
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools, SystemProbe
-from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.workers import Status as ModelState
 from gateway.ops.metrics import Metrics
 from tests.conftest import REPO
 from tests.integration.test_supervisor import supervised

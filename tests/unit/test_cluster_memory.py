@@ -21,7 +21,8 @@ from gateway.cluster.serve import ClusterServing
 from gateway.config import Config, ModelSpec
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST
-from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.workers import Status as ModelState
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics
 from gateway.placement import Inventory

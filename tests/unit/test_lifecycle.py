@@ -11,9 +11,17 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.lifecycle import policy
-from gateway.lifecycle.policy import PINNED, Backoff, policy_for
+from gateway.lifecycle.policy import PINNED, Backoff, Policy, policy_for
 from gateway.lifecycle.supervisor import WorkerMachine
-from gateway.lifecycle.workers import LOCAL_WORDING, WorkerExit, WorkerHandle, WorkerStartError, WorkerState
+from gateway.lifecycle.workers import (
+    LOCAL_WORDING,
+    TRANSITIONS,
+    IllegalTransition,
+    WorkerExit,
+    WorkerHandle,
+    WorkerStartError,
+    WorkerState,
+)
 
 
 class FakeHandle:
@@ -160,3 +168,103 @@ async def test_a_request_served_between_crashes_ends_the_streak() -> None:
         worker.note_success()
     assert worker.gave_up is None
     await worker.stop()
+
+
+# -- the transitions table -------------------------------------------------------------------------------
+class Moves:
+    """Every move a machine makes, as (from, to), read from its `on_state` reports."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[WorkerState, WorkerState]] = set()
+        self.last: dict[int, WorkerState] = {}
+
+    def machine(self, handle: FakeHandle, worker_policy: Policy = PINNED) -> WorkerMachine:
+        worker = WorkerMachine(as_handle(handle), worker_policy)
+        self.last[id(worker)] = worker.state
+        worker._on_state = lambda _, state: self._moved(worker, state)
+        return worker
+
+    def _moved(self, worker: WorkerMachine, state: WorkerState) -> None:
+        self.seen.add((self.last[id(worker)], state))
+        self.last[id(worker)] = state
+
+
+class LiveHandle(FakeHandle):
+    """A worker process is not ended by the machine ceasing to wait for its exit: `stop()` finds it alive."""
+
+    async def wait_exit(self) -> WorkerExit:
+        assert self._exit is not None
+        return await asyncio.shield(self._exit)
+
+
+class DyingStartHandle(FakeHandle):
+    """A start that fails because the process exited (nothing left to terminate)."""
+
+    async def wait_healthy(self) -> None:
+        assert self._exit is not None
+        self._exit.set_result(WorkerExit("exit 1", "exited"))
+        raise WorkerStartError("exited with code 1 during start", "exit 1")
+
+
+class SlowHandle(FakeHandle):
+    """A launch (`slow_launch`, no process yet) or a health check (`slow_health`) that waits until stopped."""
+
+    def __init__(self, *, slow_launch: bool = False, slow_health: bool = False) -> None:
+        super().__init__()
+        self.slow_launch, self.slow_health = slow_launch, slow_health
+
+    async def launch(self) -> None:
+        if self.slow_launch:
+            await asyncio.Event().wait()
+        await super().launch()
+
+    async def wait_healthy(self) -> None:
+        if self.slow_health:
+            await asyncio.Event().wait()
+
+
+async def test_the_machine_makes_every_move_of_the_transitions_table_and_no_other() -> None:
+    moves = Moves()
+    worker = moves.machine(crashing := LiveHandle())  # STOPPED -> STARTING -> READY -> FAILED -> STARTING
+    await worker.ensure_ready(5)
+    crashing.crash()
+    await until(lambda: crashing.launches == 2 and worker.state is WorkerState.READY)
+    await worker.stop()  # READY -> STOPPING -> STOPPED
+    worker = moves.machine(FakeHandle(fail_starts=1), policy_for("on_demand"))
+    with pytest.raises(WorkerStartError):  # STARTING -> STOPPING -> FAILED: its process was still alive
+        await worker.ensure_ready(5)
+    await worker.stop()  # FAILED -> STOPPED
+    worker = moves.machine(DyingStartHandle(), policy_for("on_demand"))
+    with pytest.raises(WorkerStartError):  # STARTING -> FAILED: nothing left to terminate
+        await worker.ensure_ready(5)
+    for handle in (SlowHandle(slow_launch=True), SlowHandle(slow_health=True)):
+        worker = moves.machine(handle)
+        worker.start()
+        await until(lambda w=worker: w.state is WorkerState.STARTING)  # type: ignore[misc]
+        await asyncio.sleep(0.01)
+        await worker.stop()  # STARTING -> STOPPED (no process yet), STARTING -> STOPPING (one starting)
+    worker = moves.machine(dead := FakeHandle())
+    await worker.ensure_ready(5)
+    dead.crash()
+    await worker.stop()  # READY -> STOPPED: it had died, the machine not yet told
+    table = {(old, new) for old, targets in TRANSITIONS.items() for new in targets}
+    assert moves.seen == table
+
+
+def test_a_move_the_table_lacks_raises_and_changes_nothing() -> None:
+    worker = WorkerMachine(as_handle(FakeHandle()), PINNED)
+    for old, new in [(WorkerState.STOPPED, WorkerState.READY), (WorkerState.FAILED, WorkerState.READY),
+                     (WorkerState.STOPPED, WorkerState.FAILED), (WorkerState.STOPPING, WorkerState.READY)]:  # fmt: skip
+        worker.state = old
+        assert not old.can_become(new)
+        with pytest.raises(IllegalTransition, match=f"from {old.value} to {new.value}"):
+            worker._set_state(new)
+        assert worker.state is old
+    worker._set_state(WorkerState.STOPPED)  # staying put is no move
+    assert worker.state is WorkerState.STOPPED
+
+
+def test_each_worker_state_shows_as_the_model_status_of_the_diagram() -> None:
+    shown = {state.value: state.status.value for state in WorkerState}
+    assert shown == {"stopped": "unloaded", "starting": "loading", "ready": "ready", "stopping": "draining",
+                     "failed": "failed"}  # fmt: skip

@@ -23,7 +23,8 @@ from gateway.lifecycle import policy as policy_module
 from gateway.lifecycle import residency as residency_module
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, ModelMemory, Pools
-from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.workers import Status as ModelState
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics
 from tests.fakes.loading_worker import FakeLoadingWorker

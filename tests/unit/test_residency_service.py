@@ -19,7 +19,8 @@ from gateway.config import ServerSettings
 from gateway.errors import GatewayError
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import HOST, NoProbe, Pools
-from gateway.lifecycle.residency import ModelState, Residency
+from gateway.lifecycle.residency import Residency
+from gateway.lifecycle.workers import Status as ModelState
 from gateway.ops.auth import OPEN
 from gateway.ops.metrics import Metrics
 from gateway.protocol import ChatCompletionRequest, parse_request
