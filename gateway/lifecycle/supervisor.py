@@ -72,6 +72,7 @@ class WorkerMachine:
         self._ready = asyncio.Event()
         self._failures = 0  # FAILED transitions so far: how `ensure_ready` tells "this start failed"
         self._changed = asyncio.Event()  # set (and replaced) on every state change
+        self._ending = asyncio.Lock()  # held by `stop()` until its process is ended
 
     @property
     def pid(self) -> int | None:
@@ -147,12 +148,13 @@ class WorkerMachine:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop the loop and terminate the worker: SIGTERM, grace, SIGKILL (`WorkerHandle.terminate`)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._terminate(grace_s)
-        self._set_state(WorkerState.STOPPED)
+        async with self._ending:  # a start meanwhile waits for this stop's end (STOPPING -> STOPPED -> STARTING)
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            await self._terminate(grace_s)
+            self._set_state(WorkerState.STOPPED)
 
     # -- internals --------------------------------------------------------------------------------------
     async def _await(self, failures: int, timeout_s: float | None) -> None:
@@ -194,6 +196,8 @@ class WorkerMachine:
     async def _run(self) -> None:
         """Start, serve until the worker ends, fail, and (when the policy restarts) wait the backoff and
         start again."""
+        async with self._ending:  # a stop still ending the last process ends first: one process at a time
+            pass
         while not self._stopping:
             ready_at: float | None = None
             grace_s = 2.0

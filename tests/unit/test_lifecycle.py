@@ -268,3 +268,34 @@ def test_each_worker_state_shows_as_the_model_status_of_the_diagram() -> None:
     shown = {state.value: state.status.value for state in WorkerState}
     assert shown == {"stopped": "unloaded", "starting": "loading", "ready": "ready", "stopping": "draining",
                      "failed": "failed"}  # fmt: skip
+
+
+class SlowEndHandle(LiveHandle):
+    """A process that takes a while to end after SIGTERM, and counts how many are alive at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive_at_once = 0
+
+    async def launch(self) -> None:
+        await super().launch()
+        self.alive_at_once = max(self.alive_at_once, 1 + int(self.terminations < self.launches - 1))
+
+    async def terminate(self, grace_s: float) -> None:
+        await asyncio.sleep(0.2)
+        await super().terminate(grace_s)
+
+
+async def test_a_start_during_a_stop_waits_for_the_old_process_to_end_then_starts_one() -> None:
+    """A request's load that lands while an eviction is still ending the process (STOPPING): the new start
+    waits for STOPPED, then launches; never two processes at once, never an illegal move."""
+    handle = SlowEndHandle()
+    worker = WorkerMachine(as_handle(handle), policy_for("on_demand"))
+    await worker.ensure_ready(5)
+    stopping = asyncio.create_task(worker.stop())
+    await until(lambda: worker.state is WorkerState.STOPPING)
+    await worker.ensure_ready(5)  # a hang guard, not a speed limit
+    await stopping
+    assert worker.state is WorkerState.READY
+    assert handle.launches == 2 and handle.terminations == 1 and handle.alive_at_once == 1
+    await worker.stop()
