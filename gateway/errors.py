@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import URL
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
@@ -186,7 +187,7 @@ def as_gateway_error(exc: Exception, scope: Scope) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, HTTPException):
-        method, path = scope.get("method", ""), scope.get("path", "")
+        method, path = scope.get("method", ""), URL(scope=scope).path  # as `Request.url.path` reads it
         message = {
             404: f"Unknown route: {method} {path}",
             405: f"Method {method} not allowed for {path}",
