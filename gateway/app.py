@@ -12,12 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
-from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
@@ -28,7 +25,7 @@ from backends.remote import RemoteAdapter
 from gateway import __version__
 from gateway.admission import Admission
 from gateway.config import Config, ModelSpec
-from gateway.errors import ErrorCode, GatewayError, error_response
+from gateway.errors import GatewayError, Render
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.policy import policy_for
 from gateway.lifecycle.process import WorkerProcess
@@ -43,13 +40,13 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.store import ResponseStore
 from gateway.reload import Desired, Planner, Reloader
 from gateway.routes import admin, inference, messages, models, ops, responses, ui
+from gateway.routes.boundary import ErrorBoundary
 from gateway.routes.context import AppContext
 from gateway.routes.direct import DirectDispatch
 from gateway.serving.browser import BrowserGuardMiddleware
 from gateway.serving.middleware import RequestBodyMiddleware, RequestEdgeMiddleware
 from gateway.serving.service import Service
 from gateway.serving.vision_parts import ImageIntake
-from gateway.translate.messages import anthropic_error_body
 
 if TYPE_CHECKING:
     from gateway.cluster.serve import ClusterServing
@@ -57,11 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("voltgate")
 
 STATS_INTERVAL_S = 2.0
-HTTP_STATUS_CODES = {
-    404: ErrorCode.NOT_FOUND,
-    405: ErrorCode.METHOD_NOT_ALLOWED,
-    413: ErrorCode.BODY_TOO_LARGE,
-}
+ROUTERS = tuple(module.router for module in (inference, responses, messages, models, ops, admin, ui))
+"""Every router of the gateway; each declares its error envelope (`gateway.routes.boundary.speaking`)."""
 
 
 def default_adapters(config: Config) -> dict[EngineName, EngineAdapter]:
@@ -141,12 +135,13 @@ class GatewayApp(FastAPI):
 
     edges: Callable[[ASGIApp], ASGIApp] = staticmethod(lambda app: app)
     direct_routes: Sequence[BaseRoute] = ()
+    boundary: Render
 
     def build_middleware_stack(self) -> ASGIApp:
         fastapi_stack = super().build_middleware_stack()
         if isinstance(fastapi_stack, ServerErrorMiddleware):  # the gateway's error boundary answers a bug, in the
             fastapi_stack = fastapi_stack.app  # route's API shape (Starlette's would answer first, in plain text)
-        return self.edges(DirectDispatch(fastapi_stack, self.direct_routes, error_response))
+        return self.edges(DirectDispatch(fastapi_stack, self.direct_routes, self.boundary))
 
 
 def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metrics) -> FastAPI:
@@ -156,12 +151,13 @@ def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metric
         description="OpenAI-compatible gateway for V100 GPUs (LMDeploy TurboMind FP16 and llama.cpp GGUF).",
         lifespan=lifespan,
     )
-    for router in (inference, responses, messages, models, ops, admin, ui):
-        app.include_router(router.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.direct_routes = [route for router in (inference, responses, messages) for route in router.router.routes]
-    _install_error_handlers(app)
+    boundary = app.boundary = ErrorBoundary([route for router in ROUTERS for route in router.routes])
+    boundary.install(app)
     install_openapi(app)
-    app.edges = lambda inner: _edges(inner, config, metrics)
+    app.edges = lambda inner: _edges(inner, config, metrics, boundary)
     return app
 
 
@@ -194,13 +190,13 @@ def _announce(config: Config, keys: KeyStore, registry: Registry) -> None:
         log.error("model %s not served: %s", name, reason)
 
 
-def _edges(app: ASGIApp, config: Config, metrics: Metrics) -> ASGIApp:
+def _edges(app: ASGIApp, config: Config, metrics: Metrics, render: Render) -> ASGIApp:
     """The gateway's middlewares, outermost last: request id, error boundary and accounting → CORS → browser
-    guard (JSON bodies, foreign origins) → body size and time → `app`."""
+    guard (JSON bodies, foreign origins) → body size and time → `app`; each renders its errors with `render`."""
     app = RequestBodyMiddleware(
-        app, max_bytes=config.server.max_body_bytes, timeout_s=config.server.body_timeout_s, render=_render_error
+        app, max_bytes=config.server.max_body_bytes, timeout_s=config.server.body_timeout_s, render=render
     )
-    app = BrowserGuardMiddleware(app, config.server.cors_origins, render=_render_error)
+    app = BrowserGuardMiddleware(app, config.server.cors_origins, render=render)
     if config.server.cors_origins:  # browser frontends served from another origin
         app = CORSMiddleware(
             app,
@@ -209,7 +205,7 @@ def _edges(app: ASGIApp, config: Config, metrics: Metrics) -> ASGIApp:
             allow_headers=["*"],
             expose_headers=["x-request-id", "openai-processing-ms", "retry-after"],
         )
-    return RequestEdgeMiddleware(app, metrics=metrics, render=_render_error)
+    return RequestEdgeMiddleware(app, metrics=metrics, render=render)
 
 
 def _deployment(
@@ -269,34 +265,3 @@ async def _poll_worker_stats(registry: Registry, client: httpx.AsyncClient, metr
                 data = response.json()
                 if isinstance(data, dict):
                     metrics.update_worker_stats(deployment.name, data)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(GatewayError)
-    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
-        message = {
-            404: f"Unknown route: {request.method} {request.url.path}",
-            405: f"Method {request.method} not allowed for {request.url.path}",
-        }.get(exc.status_code, str(exc.detail))
-        return _render_error(request.url.path, GatewayError(code, message, status=exc.status_code))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first["loc"][1:]) or None
-        return error_response(GatewayError(ErrorCode.INVALID_REQUEST, str(first["msg"]), param=param))
-
-    # Any other exception is a bug: `RequestEdgeMiddleware` answers it (not Starlette's ServerErrorMiddleware,
-    # which re-raises, so the server drops the connection and the answer has no x-request-id).
-
-
-def _render_error(path: str, error: GatewayError) -> Response:
-    """`error` in the API shape of the route at `path`: Anthropic's envelope on /v1/messages, else OpenAI's."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return JSONResponse(anthropic_error_body(error), status_code=error.status, headers=error.headers())
-    return error_response(error)

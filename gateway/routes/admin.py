@@ -24,12 +24,13 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.ops.auth import ANONYMOUS, OPEN, Principal
+from gateway.routes.boundary import speaking
 from gateway.routes.context import AppContext, app_context
 from gateway.serving.session import CONTEXT_KEY, RequestContext
 
-router = APIRouter(prefix="/admin")
+router = APIRouter(prefix="/admin", route_class=speaking(Envelope.OPENAI))
 audit_log = logging.getLogger("voltgate.audit")
 
 ADMIN_SCOPE = "admin"

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Render
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -53,17 +53,16 @@ class DirectDispatch:
     FastAPI wraps every request in its server-error, telemetry, body-limit, exception and exit-stack
     middlewares and the router's match over every route; each adds a frame to the request and a send
     wrapper to every chunk of a stream. An inference endpoint needs none of it: its handler takes the
-    `Request`, raises `GatewayError` (rendered by `render`, the function FastAPI's handler for it calls) and
-    returns a `Response`; any other exception is a bug, for the gateway's error boundary outside. Every other
+    `Request`, raises `GatewayError` (rendered by `render`, the gateway's error boundary, in the envelope the
+    route declares: the route is set in the scope, as Starlette's router sets it) and returns a `Response`;
+    any other exception is a bug, for the same boundary in `RequestEdgeMiddleware`. Every other
     request (other methods, paths with parameters, the docs) goes to `fallback`, FastAPI's stack, unchanged.
     """
 
-    def __init__(
-        self, fallback: ASGIApp, routes: Sequence[BaseRoute], render: Callable[[GatewayError], Response]
-    ) -> None:
+    def __init__(self, fallback: ASGIApp, routes: Sequence[BaseRoute], render: Render) -> None:
         self.fallback = fallback
-        self.endpoints: dict[str, Handler] = {
-            route.path: route.endpoint
+        self.endpoints: dict[str, DirectRoute] = {
+            route.path: route
             for route in routes
             if isinstance(route, DirectRoute) and route.methods == {"POST"} and "{" not in route.path
             and takes_request_only(route.endpoint)
@@ -71,12 +70,13 @@ class DirectDispatch:
         self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        route = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST":
             await self.fallback(scope, receive, send)
             return
+        scope["route"] = route
         try:
-            response = await endpoint(Request(scope, receive, send))
+            response = await route.endpoint(Request(scope, receive, send))
         except GatewayError as exc:
-            response = self.render(exc)
+            response = self.render(scope, exc)
         await response(scope, receive, send)

@@ -10,10 +10,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.errors import GatewayError
+from gateway.errors import Envelope, GatewayError
 from gateway.ops.auth import ANONYMOUS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_request
 from gateway.protocol.rerank import RerankRequest, parse_rerank_request
+from gateway.routes.boundary import speaking
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
 from gateway.serving.prompt_prefix import SessionHints, session_key
@@ -21,7 +22,8 @@ from gateway.serving.relay import SSE_HEADERS, RelayResponse
 from gateway.serving.service import RequestContext, StreamSession, UnaryResult
 from gateway.serving.session import CONTEXT_KEY
 
-router = APIRouter(route_class=DirectRoute)  # handlers take the Request alone: no dependency solving
+# handlers take the Request alone: no dependency solving; errors in OpenAI's envelope
+router = APIRouter(route_class=speaking(Envelope.OPENAI, DirectRoute))
 
 
 def body_schema(model: type[Any]) -> dict[str, Any]:

@@ -4,10 +4,11 @@
     disconnect-abort, logging: as for chat) → to_message | MessagesStream over the chat chunks
 
 The key is taken from `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer` (Anthropic's SDKs with an
-auth token); `anthropic-version` and `anthropic-beta` are accepted and ignored. Every error, including
-those of authentication and admission, is rendered in Anthropic's envelope with the same status and
-Retry-After. count_tokens is exact: the chat request is run with `max_tokens: 1` and its prompt's token
-count read from the usage (one prefill and one decoded token on the worker, admitted like any request).
+auth token); `anthropic-version` and `anthropic-beta` are accepted and ignored. The router declares
+Anthropic's error envelope (`speaking`), so every error, including those of authentication, admission and
+the body's size, is rendered in it by the gateway's error boundary with the same status and Retry-After.
+count_tokens is exact: the chat request is run with `max_tokens: 1` and its prompt's token count read from
+the usage (one prefill and one decoded token on the worker, admitted like any request).
 
 These routes are left out of /openapi.json: that document describes the OpenAI-shaped surface (its
 error envelope in particular), and Anthropic publishes its own.
@@ -15,16 +16,17 @@ error envelope in particular), and Anthropic publishes its own.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.protocol.responses import ChatCompletion
+from gateway.routes.boundary import speaking
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, model_hint, render
 from gateway.serving.prompt_prefix import SessionHints, session_key
@@ -34,23 +36,9 @@ from gateway.translate import MessagesStream, messages, new_id, parse_body
 from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import MESSAGES, renamed
 
-router = APIRouter(route_class=DirectRoute)
+router = APIRouter(route_class=speaking(Envelope.ANTHROPIC, DirectRoute))
 
 R = TypeVar("R", MessagesRequest, CountTokensRequest)
-
-
-def _error(exc: GatewayError) -> JSONResponse:
-    """A `GatewayError` in Anthropic's envelope, with its status and retry headers."""
-    return JSONResponse(messages.anthropic_error_body(exc), status_code=exc.status, headers=exc.headers())
-
-
-async def _anthropic(handle: Callable[[], Awaitable[Response]]) -> Response:
-    """Run a handler; an error from anywhere in it (auth, parsing, the service) in Anthropic's envelope (any
-    other exception is a bug, answered by `gateway.serving.middleware.RequestEdgeMiddleware` in the same envelope)."""
-    try:
-        return await handle()
-    except GatewayError as exc:
-        return _error(exc)
 
 
 async def _submit(
@@ -98,27 +86,21 @@ def _render_count(_req: CountTokensRequest, chat: ChatCompletion) -> dict[str, A
 
 @router.post("/v1/messages", include_in_schema=False)
 async def create_message(request: Request) -> Response:
-    async def handle() -> Response:
-        req, result = await _submit(request, "messages", _parse_message, _render_message)
-        if isinstance(result, StreamSession):
-            events = translated_events(result, MessagesStream(req, message_id=new_id("msg")))
-            return RelayResponse(events, result.close, headers=SSE_HEADERS)
-        if result.body is None:  # the client went away
-            return render(result)
-        return JSONResponse(result.body)
-
-    return await _anthropic(handle)
+    req, result = await _submit(request, "messages", _parse_message, _render_message)
+    if isinstance(result, StreamSession):
+        events = translated_events(result, MessagesStream(req, message_id=new_id("msg")))
+        return RelayResponse(events, result.close, headers=SSE_HEADERS)
+    if result.body is None:  # the client went away
+        return render(result)
+    return JSONResponse(result.body)
 
 
 @router.post("/v1/messages/count_tokens", include_in_schema=False)
 async def count_tokens(request: Request) -> Response:
-    async def handle() -> Response:
-        _, result = await _submit(request, "count_tokens", _parse_count, _render_count)
-        if isinstance(result, StreamSession):  # never: the body asks for no stream
-            await result.close()
-            raise GatewayError(ErrorCode.INTERNAL_ERROR, "count_tokens was streamed")
-        if result.body is None:
-            return render(result)
-        return JSONResponse(result.body)
-
-    return await _anthropic(handle)
+    _, result = await _submit(request, "count_tokens", _parse_count, _render_count)
+    if isinstance(result, StreamSession):  # never: the body asks for no stream
+        await result.close()
+        raise GatewayError(ErrorCode.INTERNAL_ERROR, "count_tokens was streamed")
+    if result.body is None:
+        return render(result)
+    return JSONResponse(result.body)

@@ -7,12 +7,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.lifecycle.deployments import Deployment
 from gateway.protocol import Model, ModelList
+from gateway.routes.boundary import speaking
 from gateway.routes.context import AppContext, app_context
 
-router = APIRouter()
+router = APIRouter(route_class=speaking(Envelope.OPENAI))
 
 
 @router.get("/v1/models")

@@ -6,12 +6,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.errors import Envelope
 from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.live_speed import placement_with_measured
+from gateway.routes.boundary import speaking
 from gateway.routes.context import AppContext, app_context
 
-router = APIRouter()
+router = APIRouter(route_class=speaking(Envelope.OPENAI))
 
 
 @router.get("/health")

@@ -23,10 +23,11 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from backends.base import RequestKind
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.ops.store import NotFound, ResponseStore
 from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.responses_api import ReasoningConfig, ResponsesRequest
+from gateway.routes.boundary import speaking
 from gateway.routes.context import AppContext, app_context
 from gateway.routes.direct import DirectRoute
 from gateway.routes.inference import begin, body_schema, model_hint, render
@@ -38,7 +39,7 @@ from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import RESPONSES, renamed
 
 log = logging.getLogger("voltgate")
-router = APIRouter(route_class=DirectRoute)
+router = APIRouter(route_class=speaking(Envelope.OPENAI, DirectRoute))
 
 API = "responses"  # the endpoint label of these requests in metrics and the access log
 DROPPED_TOOLS_HEADER = "x-voltgate-dropped-tools"  # the hosted tools a turn was served without (comma-separated)

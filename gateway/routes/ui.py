@@ -17,12 +17,13 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.ops.status import StatusReport, status_report
 from gateway.routes.admin import admin_denial
+from gateway.routes.boundary import speaking
 from gateway.routes.context import app_context
 
-router = APIRouter()
+router = APIRouter(route_class=speaking(Envelope.OPENAI))
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "

@@ -19,13 +19,12 @@ config or run chats on the gateway. Two rules close it, in `BrowserGuardMiddlewa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import ErrorCode, GatewayError, Render
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -60,9 +59,7 @@ class BrowserGuardMiddleware:
     """Refuse non-JSON POST bodies (415) and foreign origins (403), in the route's API shape (`render`);
     `cors_origins` are the origins allowed on the API (never on `/admin/*`). See the module docstring."""
 
-    def __init__(
-        self, app: ASGIApp, cors_origins: Sequence[str], render: Callable[[str, GatewayError], Response]
-    ) -> None:
+    def __init__(self, app: ASGIApp, cors_origins: Sequence[str], render: Render) -> None:
         self.app = app
         self.cors_origins = frozenset(o.rstrip("/") for o in cors_origins)
         self.render = render
@@ -95,7 +92,7 @@ class BrowserGuardMiddleware:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        await self.render(str(scope.get("path", "")), refusal)(scope, receive, send)
+        await self.render(scope, refusal)(scope, receive, send)
 
 
 _READ = frozenset({b"origin", b"host", b"x-forwarded-host", b"content-type", b"content-length", b"transfer-encoding"})

@@ -13,12 +13,10 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
 
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ErrorCode, GatewayError, internal_error
+from gateway.errors import ErrorCode, GatewayError, Render, internal_error
 from gateway.ops.auth import ANONYMOUS
 from gateway.ops.metrics import Metrics
 from gateway.serving.session import CLIENT_GONE, CONTEXT_KEY, RequestContext, account
@@ -55,9 +53,7 @@ class RequestBodyMiddleware:
     streaming route waits on it for the client's disconnect, without a deadline).
     """
 
-    def __init__(
-        self, app: ASGIApp, max_bytes: int, timeout_s: float, render: Callable[[str, GatewayError], Response]
-    ) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, render: Render) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -72,7 +68,7 @@ class RequestBodyMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self.render(str(scope.get("path", "")), self._too_large())(scope, receive, _closing(send))
+            await self.render(scope, self._too_large())(scope, receive, _closing(send))
             return
         deadline = time.monotonic() + self.timeout_s
         chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
@@ -156,8 +152,8 @@ class RequestEdgeMiddleware:
     `openai-processing-ms`.
 
     Error boundary: an exception that reaches here (a bug: anything but a `GatewayError`, which the routes
-    render), whatever raised it, body parsing included. Before the response has started: a 500 in the route's
-    API shape (`render(path, error)`: OpenAI's envelope, Anthropic's on /v1/messages), with its
+    render), whatever raised it, body parsing included. Before the response has started: a 500 in the envelope
+    its route declares (`render(scope, error)`: the app's `gateway.routes.boundary.ErrorBoundary`), with its
     `x-request-id`; the request is counted and gets its access-log line unless its route accounted it
     already; the exception is logged with its traceback. The exception is not re-raised, so the server keeps
     the keep-alive connection usable. After the response has started (a stream): the body is ended, so the
@@ -172,7 +168,7 @@ class RequestEdgeMiddleware:
     One layer for all three, so a streamed response's every chunk passes one send wrapper here, not two.
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, render: Callable[[str, GatewayError], Response]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, render: Render) -> None:
         self.app = app
         self.metrics = metrics
         self.render = render
@@ -216,7 +212,7 @@ class RequestEdgeMiddleware:
                 ctx = RequestContext(request_id, ANONYMOUS, started, api=endpoint_label(path))
             if not ctx.accounted:
                 account(self.metrics, ctx, "unknown", 500, None)
-            await self.render(path, internal_error())(scope, receive, edge_send)
+            await self.render(scope, internal_error())(scope, receive, edge_send)  # whatever it was: a bug
             return
         if state.get(CONTEXT_KEY) is edge_ctx and not edge_ctx.accounted:  # no route took it: accounted here
             account(self.metrics, edge_ctx, "unknown", status, None, _error_in(status, error_body))

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from gateway.errors import sse_error_frame
+from gateway.errors import Envelope
 from gateway.serving.relay import (
     _END_GRACE_S,
     DONE_FRAME,
@@ -122,6 +122,6 @@ async def relay_direct(
         quiet.cancel()
         if stats.error is None or stats.completed:
             await on_done()  # the client went away, or the stream completed (done again: a no-op)
-    yield sse_error_frame(stats.error)
+    yield Envelope.OPENAI.sse(stats.error)
     await on_done()
     yield DONE_FRAME

@@ -19,7 +19,7 @@ import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import STATUS, ErrorCode, GatewayError, internal_error, sse_error_frame
+from gateway.errors import STATUS, Envelope, ErrorCode, GatewayError, internal_error
 from gateway.serving.upstream import transport_error
 
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -493,5 +493,5 @@ async def relay_stream(
     finally:
         await reader.close()
     if stats.error is not None:
-        yield sse_error_frame(stats.error)
+        yield Envelope.OPENAI.sse(stats.error)
         yield DONE_FRAME

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from backends.base import RequestKind
 from backends.request import AnyEngineRequest
-from gateway.errors import ErrorCode, GatewayError, sse_error_frame
+from gateway.errors import Envelope, ErrorCode, GatewayError
 from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.residency import Hold, Residency
 from gateway.ops.auth import Principal
@@ -414,7 +414,7 @@ class StreamSession:
         except GatewayError as exc:
             self.stats.error = exc
             self._status = exc.status
-            yield sse_error_frame(exc)
+            yield Envelope.OPENAI.sse(exc)
             yield DONE_FRAME
 
     def _waiting(self) -> tuple[str, bytes]:

@@ -12,7 +12,6 @@ import json
 from functools import partial
 from typing import Any, Literal
 
-from backends.overflow import anthropic_overflow_message, overflow_counts
 from backends.request import (
     EngineRequest,
     FunctionCall,
@@ -25,7 +24,10 @@ from backends.request import (
     ToolCall,
     ToolChoice,
 )
+from gateway.errors import ERROR_TYPES as ERROR_TYPES  # re-exported: Anthropic's envelope lives with the others
 from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import anthropic_error as anthropic_error
+from gateway.errors import anthropic_error_body as anthropic_error_body
 from gateway.protocol.anthropic import (
     CountTokensRequest,
     CustomTool,
@@ -410,42 +412,3 @@ def to_message(chat: ChatCompletion, req: MessagesRequest, *, message_id: str) -
         usage=Usage(**usage(chat.usage)),
     )  # fmt: skip
     return message.wire()
-
-
-# -- errors -----------------------------------------------------------------------------------------------
-ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-"""HTTP status → Anthropic error type, as Anthropic documents them; our 503 (no worker, shutting down) is
-reported as overload, Anthropic's own 529. Other 4xx are invalid requests, other 5xx api errors."""
-
-
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
-    """An error body in Anthropic's envelope for an HTTP status."""
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def anthropic_error_body(error: GatewayError) -> dict[str, Any]:
-    """A `GatewayError` in Anthropic's envelope; its `param`, which the envelope lacks, leads the message
-    unless the message already names it as "param: ..." or "...: param". A prompt over the context says so in
-    Anthropic's words ("prompt is too long: N tokens > M maximum"), which Claude Code acts on."""
-    counts = overflow_counts(error.message) if error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED else None
-    if counts is not None:
-        return anthropic_error(error.status, anthropic_overflow_message(*counts))
-    message = error.message
-    named = message.startswith(f"{error.param}:") or message.endswith(f": {error.param}")
-    if error.param and not named:
-        message = f"{error.param}: {message}"
-    return anthropic_error(error.status, message)

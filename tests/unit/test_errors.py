@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.errors import STATUS, ErrorCode, GatewayError, error_response, sse_error_frame
+from gateway.errors import STATUS, Envelope, ErrorCode, GatewayError
 
 
 def test_every_code_has_a_status() -> None:
@@ -13,7 +13,7 @@ def test_every_code_has_a_status() -> None:
 
 def test_error_body_has_openai_fields_and_string_code() -> None:
     error = GatewayError(ErrorCode.MODEL_NOT_FOUND, "no such model", param="model")
-    response = error_response(error)
+    response = Envelope.OPENAI.response(error)
     assert response.status_code == 404
     assert json.loads(response.body) == {
         "error": {
@@ -27,13 +27,13 @@ def test_error_body_has_openai_fields_and_string_code() -> None:
 
 
 def test_retry_after_is_capped_at_sixty_seconds() -> None:
-    response = error_response(GatewayError(ErrorCode.QUEUE_FULL, "busy", retry_after_s=600))
+    response = Envelope.OPENAI.response(GatewayError(ErrorCode.QUEUE_FULL, "busy", retry_after_s=600))
     assert response.status_code == 429
     assert response.headers["retry-after"] == "60"
     assert "x-should-retry" not in response.headers
 
 
 def test_sse_error_frame_is_one_data_line() -> None:
-    frame = sse_error_frame(GatewayError(ErrorCode.WORKER_UNAVAILABLE, "worker died"))
+    frame = Envelope.OPENAI.sse(GatewayError(ErrorCode.WORKER_UNAVAILABLE, "worker died"))
     assert frame.startswith(b"data: {") and frame.endswith(b"\n\n")
     assert json.loads(frame[6:])["error"]["code"] == "worker_unavailable"
