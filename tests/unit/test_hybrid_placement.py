@@ -1,6 +1,7 @@
 """A hybrid-attention model (Qwen3-Next: one layer in four attends, the others keep a fixed recurrent state) is
 sized as llama.cpp allocates it (issue 39 item 1): KV only for the attention layers, the recurrent state per
-sequence for the others (llama.cpp's `n_embd_r + n_embd_s`, f32), read from the GGUF's header.
+sequence for the others (llama.cpp's `n_embd_r + n_embd_s`, f32), read from the GGUF's header. The same sizes
+are checked against a real llama.cpp load in tests/integration/test_hybrid_memory.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import pytest
 
 from gateway.placement.estimate import LlamaCppFit, fit_llamacpp
 from gateway.placement.inspection import inspect_gguf
+from tests.fixtures.tiny_hybrid import (
+    HEAD_DIM,
+    KV_HEADS_PER_LAYER,
+    N_HEAD_KV,
+    N_LAYER,
+    STATE_FLOATS_PER_LAYER,
+    write_tiny_hybrid,
+)
 from tests.unit.placement_models import QWEN3_NEXT_80B_A3B, build_zoo
 
 GGUF = "qwen3-next-80b-a3b.Q4_K_M.gguf"
@@ -45,3 +54,12 @@ def test_the_cache_is_kv_for_tokens_plus_state_for_sequences(zoo: Path) -> None:
     assert kv_four == info.shape.kv_bytes_per_token() * 4 * 32768 + 4 * state
     dense = 48 * 2 * 512 * 2 * 32768  # what sizing every layer as attention would have said
     assert kv_one < dense / 3
+
+
+def test_granite_h_attention_layers_are_read_from_the_per_layer_kv_heads(smollm2_path: Path, tmp_path: Path) -> None:
+    """Granite-H says which blocks attend by `attention.head_count_kv` per layer (0: Mamba2), not by an interval;
+    the tiny GGUF that tests/integration/test_hybrid_memory.py loads in llama.cpp."""
+    shape = inspect_gguf(write_tiny_hybrid(smollm2_path, tmp_path / "tiny-hybrid.gguf")).shape
+    assert shape.kv_heads_per_layer == KV_HEADS_PER_LAYER and shape.recurrent_layers == N_LAYER - 2
+    assert shape.recurrent_state_bytes == 4 * STATE_FLOATS_PER_LAYER
+    assert shape.kv_bytes_per_token() == 2 * N_HEAD_KV * 2 * HEAD_DIM * 2  # 2 attention layers, K and V, f16
