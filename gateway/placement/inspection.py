@@ -410,11 +410,17 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     )
 
 
+_RECURRENT_INTERVAL_DEFAULT = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4}
+"""The families whose llama.cpp loader falls back to every 4th layer attending when the GGUF says neither
+`attention.recurrent_layers` nor `full_attention_interval`."""
+
+
 def _recurrent(field: Callable[..., Any], arch: str, n_layers: int, kv: Any) -> tuple[int, tuple[int, ...] | None]:
     """A GGUF's KV heads per layer (None when one value holds for all), and for a hybrid model its recurrent
     state per layer and sequence (llama.cpp's `n_embd_r + n_embd_s`, f32) with 0 KV heads for the recurrent
-    layers: every `full_attention_interval`-th layer keeps a KV cache (Qwen3-Next), or the GGUF's own per-layer
-    KV heads say which (Granite-H). The state is 0 for a model without `ssm.state_size`."""
+    layers. Which layers those are, in llama.cpp's order: the `attention.recurrent_layers` flags, else every
+    `full_attention_interval`-th layer attends (Qwen3-Next), else the GGUF's own per-layer KV heads say
+    (Granite-H: 0 for a Mamba2 layer). The state is 0 for a model without `ssm.state_size`."""
     kv_per_layer = tuple(int(h) for h in kv) if isinstance(kv, list) else None
     d_state = field(f"{arch}.ssm.state_size")
     if not d_state:
@@ -422,9 +428,12 @@ def _recurrent(field: Callable[..., Any], arch: str, n_layers: int, kv: Any) -> 
     d_conv, d_inner = int(field(f"{arch}.ssm.conv_kernel", 0)), int(field(f"{arch}.ssm.inner_size", 0))
     groups = int(field(f"{arch}.ssm.group_count", 0))
     conv = max(d_conv - 1, 0) * (d_inner + 2 * groups * int(d_state))
-    interval = field(f"{arch}.full_attention_interval")
-    if interval:
-        heads = int(max(kv) if isinstance(kv, list) else kv)
+    heads = int(max(kv) if isinstance(kv, list) else kv)
+    flags = field(f"{arch}.attention.recurrent_layers")
+    interval = field(f"{arch}.full_attention_interval", _RECURRENT_INTERVAL_DEFAULT.get(arch))
+    if isinstance(flags, list):
+        kv_per_layer = tuple(0 if i < len(flags) and flags[i] else heads for i in range(n_layers))
+    elif interval:
         kv_per_layer = tuple(heads if (i + 1) % int(interval) == 0 else 0 for i in range(n_layers))
     return 4 * (conv + int(d_state) * d_inner), kv_per_layer
 

@@ -7,7 +7,9 @@ are checked against a real llama.cpp load in tests/integration/test_hybrid_memor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import gguf
 import pytest
 
 from gateway.placement.estimate import LlamaCppFit, fit_llamacpp
@@ -63,3 +65,40 @@ def test_granite_h_attention_layers_are_read_from_the_per_layer_kv_heads(smollm2
     assert shape.kv_heads_per_layer == KV_HEADS_PER_LAYER and shape.recurrent_layers == N_LAYER - 2
     assert shape.recurrent_state_bytes == 4 * STATE_FLOATS_PER_LAYER
     assert shape.kv_bytes_per_token() == 2 * N_HEAD_KV * 2 * HEAD_DIM * 2  # 2 attention layers, K and V, f16
+
+
+def _qwen3next_header(path: Path, **keys: Any) -> Path:
+    """A header-only Qwen3-Next GGUF of 8 blocks (no tensors) with the given layout keys."""
+    writer = gguf.GGUFWriter(str(path), "qwen3next")
+    writer.add_block_count(8)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_key_length(16)
+    writer.add_value_length(16)
+    writer.add_ssm_conv_kernel(4)
+    writer.add_ssm_state_size(16)
+    writer.add_ssm_group_count(2)
+    writer.add_ssm_inner_size(64)
+    writer.add_ssm_time_step_rank(4)
+    if "interval" in keys:
+        writer.add_full_attention_interval(keys["interval"])
+    if "recurrent" in keys:
+        writer.add_array("qwen3next.attention.recurrent_layers", keys["recurrent"])  # gguf 0.19 has no adder
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_the_recurrent_layer_flags_win_over_the_interval_which_defaults_to_4(tmp_path: Path) -> None:
+    """llama.cpp's qwen3next loader: `attention.recurrent_layers` if the GGUF has it (newer converters write it
+    from the HF `layer_types`, beside the interval), else `full_attention_interval`, else every 4th layer."""
+    flags = [True, False, True, True, False, True, True, True]
+    both = inspect_gguf(_qwen3next_header(tmp_path / "both.gguf", interval=4, recurrent=flags)).shape
+    assert both.kv_heads_per_layer == (0, 2, 0, 0, 2, 0, 0, 0) and both.recurrent_layers == 6
+    interval = inspect_gguf(_qwen3next_header(tmp_path / "interval.gguf", interval=2)).shape
+    assert interval.kv_heads_per_layer == (0, 2) * 4
+    default = inspect_gguf(_qwen3next_header(tmp_path / "default.gguf")).shape
+    assert default.kv_heads_per_layer == (0, 0, 0, 2) * 2
+    assert default.recurrent_state_bytes == 4 * (3 * (64 + 2 * 2 * 16) + 16 * 64)
