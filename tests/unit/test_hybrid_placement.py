@@ -70,7 +70,9 @@ def test_granite_h_attention_layers_are_read_from_the_per_layer_kv_heads(smollm2
 def _qwen3next_header(path: Path, **keys: Any) -> Path:
     """A header-only Qwen3-Next GGUF of 8 blocks (no tensors) with the given layout keys."""
     writer = gguf.GGUFWriter(str(path), "qwen3next")
-    writer.add_block_count(8)
+    writer.add_block_count(8 + keys.get("mtp", 0))
+    if "mtp" in keys:
+        writer.add_nextn_predict_layers(keys["mtp"])
     writer.add_embedding_length(64)
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
@@ -102,3 +104,12 @@ def test_the_recurrent_layer_flags_win_over_the_interval_which_defaults_to_4(tmp
     default = inspect_gguf(_qwen3next_header(tmp_path / "default.gguf")).shape
     assert default.kv_heads_per_layer == (0, 0, 0, 2) * 2
     assert default.recurrent_state_bytes == 4 * (3 * (64 + 2 * 2 * 16) + 16 * 64)
+
+
+def test_a_multi_token_prediction_block_holds_no_cache(tmp_path: Path) -> None:
+    """`nextn_predict_layers` trailing blocks are in `block_count`, but llama.cpp keeps neither KV nor state for
+    them (its cache filters take layers below `n_layer() = block_count - nextn` only)."""
+    shape = inspect_gguf(_qwen3next_header(tmp_path / "mtp.gguf", mtp=1)).shape
+    assert (shape.n_layers, shape.mtp_layers, shape.recurrent_layers) == (9, 1, 6)
+    assert shape.kv_bytes_per_token() == 2 * 2 * 32 * 2  # blocks 3 and 7; by the interval block 8 would hold a state
+    assert [shape.has_cache(layer) for layer in (0, 7, 8)] == [True, True, False]
