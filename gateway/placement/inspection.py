@@ -83,7 +83,8 @@ class ModelShape(_Frozen):
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int:
         """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (Llama-2-7B: 512 KiB)."""
-        return sum(self.layer_kv_bytes_per_token(layer, bytes_per_element) for layer in range(self.n_layers))
+        heads = sum(self._kv_heads(layer) for layer in range(self.n_layers) if self.has_cache(layer))
+        return round(heads * (self.head_dim + self.v_head_dim) * bytes_per_element)
 
     def layer_kv_bytes_per_token(self, layer: int, bytes_per_element: float = 2.0) -> int:
         heads = self._kv_heads(layer) if self.has_cache(layer) else 0
