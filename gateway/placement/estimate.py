@@ -301,7 +301,7 @@ class LlamaCppFit(NamedTuple):
 def _layer_cache(shape: ModelShape, layer: int, element: float, tokens: int, sequences: int) -> int:
     """One layer's cache: KV for `tokens`, or a recurrent layer's fixed state for each of `sequences`."""
     per_token = shape.layer_kv_bytes_per_token(layer, element)
-    if per_token == 0 and shape.recurrent_state_bytes:
+    if per_token == 0 and shape.recurrent_state_bytes and shape.has_cache(layer):
         return shape.recurrent_state_bytes * sequences
     return per_token * tokens
 

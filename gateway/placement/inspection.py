@@ -60,18 +60,34 @@ class ModelShape(_Frozen):
         "each layer without a KV cache (those layers have 0 KV heads), f32 as llama.cpp keeps it",
     )
 
+    mtp_layers: int = Field(
+        default=0,
+        ge=0,
+        description="trailing multi-token-prediction blocks (GGUF `nextn_predict_layers`, counted in n_layers): "
+        "weights in the file, but llama.cpp keeps no KV cache or state for them",
+    )
+
     @property
     def recurrent_layers(self) -> int:
         """Layers that keep a recurrent state instead of a KV cache."""
-        return sum(1 for h in self.kv_heads_per_layer or () if h == 0) if self.recurrent_state_bytes else 0
+        if not self.recurrent_state_bytes:
+            return 0
+        return sum(1 for layer in range(self.n_layers) if self.has_cache(layer) and self._kv_heads(layer) == 0)
+
+    def has_cache(self, layer: int) -> bool:
+        """Whether llama.cpp keeps a KV cache or a recurrent state for this block (not for an MTP block)."""
+        return layer < self.n_layers - self.mtp_layers
+
+    def _kv_heads(self, layer: int) -> int:
+        return self.kv_heads_per_layer[layer] if self.kv_heads_per_layer else self.n_kv_heads
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> int:
         """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (Llama-2-7B: 512 KiB)."""
-        heads = self.kv_heads_per_layer or (self.n_kv_heads,) * self.n_layers
-        return round(sum(heads) * (self.head_dim + self.v_head_dim) * bytes_per_element)
+        heads = sum(self._kv_heads(layer) for layer in range(self.n_layers) if self.has_cache(layer))
+        return round(heads * (self.head_dim + self.v_head_dim) * bytes_per_element)
 
     def layer_kv_bytes_per_token(self, layer: int, bytes_per_element: float = 2.0) -> int:
-        heads = self.kv_heads_per_layer[layer] if self.kv_heads_per_layer else self.n_kv_heads
+        heads = self._kv_heads(layer) if self.has_cache(layer) else 0
         return round(heads * (self.head_dim + self.v_head_dim) * bytes_per_element)
 
 
@@ -374,7 +390,6 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     head_dim = int(field(f"{arch}.attention.key_length", int(hidden) // n_heads))
     ffn = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length", 4 * int(hidden))
     tokens = meta.fields.get("tokenizer.ggml.tokens")
-
     tally = _tally(readers, int(n_layers))
     label = _gguf_label(field("general.file_type"), tally.by_type)
     warnings = [BF16_GGUF_WARNING] if label == "BF16" else []
@@ -396,6 +411,7 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
             n_experts_used=int(field(f"{arch}.expert_used_count", 0)),
             kv_heads_per_layer=kv_per_layer,
             recurrent_state_bytes=state,
+            mtp_layers=int(field(f"{arch}.nextn_predict_layers", 0)),
         ),
         weights_bytes=tally.weights,
         layer_bytes=tuple(tally.layers),
@@ -410,11 +426,17 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     )
 
 
+_RECURRENT_INTERVAL_DEFAULT = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4}
+"""The families whose llama.cpp loader falls back to every 4th layer attending when the GGUF says neither
+`attention.recurrent_layers` nor `full_attention_interval`."""
+
+
 def _recurrent(field: Callable[..., Any], arch: str, n_layers: int, kv: Any) -> tuple[int, tuple[int, ...] | None]:
     """A GGUF's KV heads per layer (None when one value holds for all), and for a hybrid model its recurrent
     state per layer and sequence (llama.cpp's `n_embd_r + n_embd_s`, f32) with 0 KV heads for the recurrent
-    layers: every `full_attention_interval`-th layer keeps a KV cache (Qwen3-Next), or the GGUF's own per-layer
-    KV heads say which (Granite-H). The state is 0 for a model without `ssm.state_size`."""
+    layers. Which layers those are, in llama.cpp's order: the `attention.recurrent_layers` flags, else every
+    `full_attention_interval`-th layer attends (Qwen3-Next), else the GGUF's own per-layer KV heads say
+    (Granite-H: 0 for a Mamba2 layer). The state is 0 for a model without `ssm.state_size`."""
     kv_per_layer = tuple(int(h) for h in kv) if isinstance(kv, list) else None
     d_state = field(f"{arch}.ssm.state_size")
     if not d_state:
@@ -422,9 +444,12 @@ def _recurrent(field: Callable[..., Any], arch: str, n_layers: int, kv: Any) -> 
     d_conv, d_inner = int(field(f"{arch}.ssm.conv_kernel", 0)), int(field(f"{arch}.ssm.inner_size", 0))
     groups = int(field(f"{arch}.ssm.group_count", 0))
     conv = max(d_conv - 1, 0) * (d_inner + 2 * groups * int(d_state))
-    interval = field(f"{arch}.full_attention_interval")
-    if interval:
-        heads = int(max(kv) if isinstance(kv, list) else kv)
+    heads = int(max(kv) if isinstance(kv, list) else kv)
+    flags = field(f"{arch}.attention.recurrent_layers")
+    interval = field(f"{arch}.full_attention_interval", _RECURRENT_INTERVAL_DEFAULT.get(arch))
+    if isinstance(flags, list):
+        kv_per_layer = tuple(0 if i < len(flags) and flags[i] else heads for i in range(n_layers))
+    elif interval:
         kv_per_layer = tuple(heads if (i + 1) % int(interval) == 0 else 0 for i in range(n_layers))
     return 4 * (conv + int(d_state) * d_inner), kv_per_layer
 
