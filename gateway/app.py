@@ -154,7 +154,8 @@ def _fastapi(lifespan: Callable[[FastAPI], Any], config: Config, metrics: Metric
     for router in ROUTERS:
         app.include_router(router)
     app.direct_routes = [route for router in (inference, responses, messages) for route in router.router.routes]
-    boundary = app.boundary = ErrorBoundary([route for router in ROUTERS for route in router.routes])
+    routes = [route for router in ROUTERS for route in router.routes]
+    boundary = app.boundary = ErrorBoundary(routes, namespaces=messages.NAMESPACES)
     boundary.install(app)
     install_openapi(app)
     app.edges = lambda inner: _edges(inner, config, metrics, boundary)

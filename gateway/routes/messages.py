@@ -37,6 +37,9 @@ from gateway.translate.chunk_loop import translated_events
 from gateway.translate.params import MESSAGES, renamed
 
 router = APIRouter(route_class=speaking(Envelope.ANTHROPIC, DirectRoute))
+NAMESPACES = {"/v1/messages": Envelope.ANTHROPIC}
+"""Anthropic's API owns the paths below its Messages route, also those no route of ours serves (the Message
+Batches API): their 404 and 405 are in its envelope (`gateway.routes.boundary.ErrorBoundary`)."""
 
 R = TypeVar("R", MessagesRequest, CountTokensRequest)
 

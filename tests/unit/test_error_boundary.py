@@ -90,7 +90,7 @@ def test_every_error_comes_in_the_declared_envelope(client: TestClient, path: st
 
 
 def test_a_path_no_route_matches_is_answered_in_openais_envelope(client: TestClient) -> None:
-    for path in ("/nowhere", "/v1/messages/batches"):
+    for path in ("/nowhere", "/v1/messages-like/batches"):
         response = client.get(path)
         assert response.status_code == 404 and _is_openai(response.json()), response.text
 
@@ -147,3 +147,18 @@ def test_no_module_picks_an_envelope_by_the_messages_path() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/v1/messages")
     }
     assert named == {"gateway/routes/messages.py", "gateway/serving/middleware.py"}
+
+
+def test_a_path_in_a_declared_namespace_no_route_serves_is_answered_in_that_apis_envelope() -> None:
+    """Anthropic's Message Batches API lives under /v1/messages, which the Messages routes declare as
+    Anthropic's: its 404 is in Anthropic's envelope, as an Anthropic SDK reads it; a neighbour is not."""
+    boundary = ErrorBoundary([route for router in ROUTERS for route in router.routes], messages.NAMESPACES)
+
+    def scope(path: str, method: str = "GET") -> dict[str, object]:
+        return {"type": "http", "path": path, "method": method, "root_path": ""}
+
+    assert boundary.envelope(scope("/v1/messages/batches")) is Envelope.ANTHROPIC
+    assert boundary.envelope(scope("/v1/messages/batches/b1/results")) is Envelope.ANTHROPIC
+    assert boundary.envelope(scope("/v1/messages", "GET")) is Envelope.ANTHROPIC  # a 405 of the route itself
+    assert boundary.envelope(scope("/v1/messagesx")) is Envelope.OPENAI
+    assert boundary.envelope(scope("/v1/nowhere")) is Envelope.OPENAI
