@@ -8,7 +8,8 @@ takes the routers' routes, each of which must declare an envelope; it finds a re
 router does (the route it matched, else the first whose path and method match, else the first whose path
 does: a 405) and renders every error with `gateway.errors.answer` in that route's envelope; a request no
 route matches is answered in the envelope of the namespace a router declares for its API's paths (Anthropic's
-under `/v1/messages`, where the Message Batches API lives and no route of ours does), else in OpenAI's. Every error path goes through it: FastAPI's exception handlers
+under `/v1/messages`, where the Message Batches API lives and no route of ours does), else in OpenAI's.
+Every error path goes through it: FastAPI's exception handlers
 (`install`), the inference routes dispatched ahead of FastAPI (`DirectDispatch`), and the middlewares
 outside routing (body size and time, the browser guard, a bug's 500 in `RequestEdgeMiddleware`).
 """
