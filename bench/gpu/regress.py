@@ -46,6 +46,7 @@ from bench.gpu.regress_table import (
     attach_previous,
     build_rows,
     find_previous,
+    phases_from_log,
     render_markdown,
 )
 from bench.launch import BENCH_API_KEY, Served, default_model_path, start_gateway
@@ -364,12 +365,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, help="requests per level (default max(16, 2 x streams); smoke 4)")
     p.add_argument("--threads", type=int, default=2, help="smoke: CPU threads of each server")
     p.add_argument("--notes", default="")
+    p.add_argument("--from-log", type=Path, help="no run: the table of a run that ended before writing it, from "
+                   "its run.log (the phases and levels it printed)")  # fmt: skip
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_log is not None:
+        return _write(args.out, phases_from_log(args.from_log.read_text()), {}, "gpu", {"from_log": str(args.from_log)})
     words, ratio, out_tokens = (40, 0.5, 16) if args.smoke else (184, 0.61, 256)
     load = LoadSpec(base_url="", model="", prompt_tokens=words, output_tokens=args.output_tokens or out_tokens,
                     range_ratio=ratio, seed=34)  # fmt: skip
@@ -385,19 +390,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases = run_pairs(pairs, args.out / "logs", hold)
     mode = "smoke" if args.smoke else "gpu"
     b_status = {p.name: p.b_missing for p in pairs if p.b is None}
+    run = {"meta": meta, "load": load.describe(), "requests_per_level": load_requests}
+    return _write(args.out, phases, b_status, mode, run)
+
+
+def _write(out: Path, phases: list[Phase], b_status: dict[str, str], mode: str, run: dict[str, Any]) -> int:
+    """regress.json and regress.md in `out`, the previous committed run beside; 1 when nothing was measured."""
     rows = build_rows(phases, b_status)
-    previous_path = find_previous(RESULTS, exclude=args.out, mode=mode)
+    previous_path = find_previous(RESULTS, exclude=out, mode=mode)
     previous = json.loads(previous_path.read_text()) if previous_path else None
     attach_previous(rows, previous)
     rel = str(previous_path.relative_to(REPO)) if previous_path else None
     prev_commit = (previous or {}).get("meta", {}).get("git", {}).get("commit")
     table = render_markdown(rows, previous_path=rel, previous_commit=prev_commit)
     order = [f"{ph.pair}:{ph.side}" for ph in sorted(phases, key=lambda ph: ph.order)]
-    result = {"kind": "gpu-regress", "mode": mode, "meta": meta, "order": order, "load": load.describe(),
-              "requests_per_level": load_requests, "previous": rel, "rows": [r.to_json() for r in rows],
-              "phases": [_phase_json(ph) for ph in phases]}  # fmt: skip
-    (args.out / "regress.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "regress.md").write_text(f"# GPU regression ({mode})\n\n{table}")
+    result = {"kind": "gpu-regress", "mode": mode, **run, "order": order, "previous": rel,
+              "rows": [r.to_json() for r in rows], "phases": [_phase_json(ph) for ph in phases]}  # fmt: skip
+    (out / "regress.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "regress.md").write_text(f"# GPU regression ({mode})\n\n{table}")
     print(table)
     return 0 if phases else 1
 

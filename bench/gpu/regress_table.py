@@ -7,6 +7,7 @@ Pure functions over plain data, so `tests/unit/test_regress_table.py` checks the
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -164,3 +165,26 @@ def render_markdown(rows: Sequence[Row], *, previous_path: str | None, previous_
     lines += ["", "A/B tok/s > 1: A is faster; A/B TTFT < 1: A starts sooner. tok/s and TTFT: the mean of the "
               "pair's phases (ABBA: A, B, B, A)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+_PHASE = re.compile(r"^== (?P<pair>\S+) (?P<side>[AB]) \((?P<label>[^)]*)\)$")
+_LEVEL = re.compile(r"^(?P<pair>\S+)\s+c=(?P<c>\d+) ok=(?P<ok>\d+)/(?P<n>\d+) out=(?P<tok>[\d.,]+|-) tok/s .*"
+                    r"ttft p50=(?P<ttft>[\d.,]+|-)")  # fmt: skip
+
+
+def phases_from_log(text: str) -> list[Phase]:
+    """The phases a run printed to its log (`== PAIR SIDE (LABEL)`, then one `bench.loadgen.format_row` line
+    per level): the table of a run that ended before writing its `regress.json` (a machine taken back, the
+    device time spent). A phase whose levels did not all print is kept with those that did."""
+    phases: list[Phase] = []
+    for line in text.splitlines():
+        if (head := _PHASE.match(line.strip())) is not None:
+            side: Side = "A" if head["side"] == "A" else "B"
+            phases.append(Phase(head["pair"], side, head["label"], len(phases), ()))
+        elif (level := _LEVEL.match(line.strip())) is not None and phases and level["pair"] == phases[-1].pair:
+            number = lambda v: None if v == "-" else float(v.replace(",", ""))  # noqa: E731
+            measure = LevelMeasure(int(level["c"]), number(level["tok"]), number(level["ttft"]), int(level["ok"]),
+                                   int(level["n"]))  # fmt: skip
+            last = phases[-1]
+            phases[-1] = Phase(last.pair, last.side, last.label, last.order, (*last.levels, measure))
+    return [p for p in phases if p.levels]

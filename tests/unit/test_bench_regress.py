@@ -14,6 +14,7 @@ from bench.gpu.regress_table import (
     attach_previous,
     build_rows,
     find_previous,
+    phases_from_log,
     render_markdown,
 )
 
@@ -125,3 +126,23 @@ def test_the_moe_pairs_split_reaches_llama_server_as_its_own_flag() -> None:
     assert argv[argv.index("--n-cpu-moe") + 1] == "16" and argv[argv.index("-ngl") + 1] == "999"
     plain = llama_server_argv(worker_argv(Path("/m/d.gguf"), "d", 1, slots=1, ctx=64, gpu=True, threads=None), 2)
     assert "--n-cpu-moe" not in plain
+
+
+def test_a_run_cut_before_its_table_is_read_back_from_its_log() -> None:
+    """`--from-log`: the phases a run printed (a header, then a line per level), a phase cut mid-way kept
+    with the levels it printed, the loader's own lines ignored."""
+    log = "\n".join([
+        "== [14:13:45 +659s] bench",
+        "== worker-q4_k_m A (worker)",
+        "worker-q4_k_m      c=1 ok=16/16 out=228.5 tok/s req=0.84/s ttft p50=44.8 p99=59.9 ms itl p50=4.20 ms errors=-",
+        "worker-q4_k_m     c=16 ok=32/32 out=1,972.3 tok/s req=3.72/s ttft p50=99.6 p99=763.3 ms itl p50=1 ms errors=-",
+        "== worker-q4_k_m B (llama-server)",
+        "worker-q4_k_m      c=1 ok=0/16 out=- tok/s req=0.00/s ttft p50=- p99=- ms itl p50=- ms errors=16",
+        "== moe-experts A (worker)",
+        "== still running: call this again to keep polling",
+    ])  # fmt: skip
+    phases = phases_from_log(log)
+    assert [(p.pair, p.side, p.label, p.order) for p in phases] == [
+        ("worker-q4_k_m", "A", "worker", 0), ("worker-q4_k_m", "B", "llama-server", 1)]  # fmt: skip
+    assert phases[0].levels == (LevelMeasure(1, 228.5, 44.8, 16, 16), LevelMeasure(16, 1972.3, 99.6, 32, 32))
+    assert phases[1].levels == (LevelMeasure(1, None, None, 0, 16),)
