@@ -4,6 +4,7 @@ admission)."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,8 +39,10 @@ class Deployment:
         """How this model lives (pinned, on demand or a remote endpoint): `gateway.lifecycle.policy`."""
         return policy_for(self.load, self.idle_unload_s, remote=self.plan.remote_url is not None)
 
-    @property
+    @functools.cached_property
     def capabilities(self) -> EngineCapabilities:
+        """What its engine honours, read several times per request: built once (a reload makes a new
+        `Deployment`; its plan and adapter never change)."""
         return self.adapter.capabilities(self.plan)
 
 
