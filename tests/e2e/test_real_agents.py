@@ -116,8 +116,9 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
                           text=True, timeout=AGENT_TIMEOUT_S, check=False)  # fmt: skip
 
 
-def _codex(clients: Path, gateway: Gateway, tmp_path: Path, model: str, *flags: str) -> str:
-    """`codex exec` with `flags` saying hello to `model`; its stdout once it exited 0."""
+def _codex(clients: Path, gateway: Gateway, tmp_path: Path, model: str, *flags: str, cut_ok: bool = False) -> str:
+    """`codex exec` with `flags` saying hello to `model`; its stdout once it exited 0 (or, with `cut_ok`, failed
+    only because the answer reached the token cap)."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -132,8 +133,16 @@ def _codex(clients: Path, gateway: Gateway, tmp_path: Path, model: str, *flags: 
     )
     done = _run([str(clients / "codex"), "exec", "--skip-git-repo-check", *flags, "Say hello"], work,
                 {"CODEX_HOME": str(home), "VOLTGATE_API_KEY": "no-real-key", "HOME": str(tmp_path)})  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
+    cut = cut_ok and _only_cut_by_the_cap(done.stdout)
+    assert done.returncode == 0 or cut, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
     return done.stdout
+
+
+def _only_cut_by_the_cap(json_lines: str) -> bool:
+    """Whether Codex's `--json` stream failed its turn for one reason: an answer cut at `max_output_tokens`."""
+    events = [json.loads(line) for line in json_lines.splitlines() if line.startswith("{")]
+    failures = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    return bool(failures) and all("reason: max_output_tokens" in json.dumps(e) for e in failures)
 
 
 def test_codex_exec_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
@@ -144,9 +153,13 @@ def test_codex_exec_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: 
 def test_codex_shows_a_thinking_models_reasoning_apart_from_its_answer(
     clients: Path, gateway: Gateway, tmp_path: Path
 ) -> None:
-    """Codex's own event stream (`exec --json`): a reasoning item, then the answer, no raw tags in either."""
-    events = [json.loads(line) for line in _codex(clients, gateway, tmp_path, THINKING, "--json").splitlines()
-              if line.startswith("{")]  # fmt: skip
+    """Codex's own event stream (`exec --json`): a reasoning item, then the answer, no raw tags in either.
+
+    The turn may end cut at the token cap: past its 8-token thinking budget SmolLM2-135M sometimes answers with a
+    list that runs past `CAP` (1 of the CI runs), which Codex reports as a failed turn; the items it shows before
+    that are what this test checks, and `test_codex_exec_completes_a_turn` checks that a turn ends."""
+    out = _codex(clients, gateway, tmp_path, THINKING, "--json", cut_ok=True)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     items = [e["item"] for e in events if e.get("type") == "item.completed"]
     kinds = [item.get("type") for item in items]
     assert "reasoning" in kinds and "agent_message" in kinds, events
