@@ -3,8 +3,10 @@ boot, on-demand ones at their first request; idle ones unload, and least recentl
 another needs the room. Each model's `Policy` says which of these apply to it.
 
 A model's state is its worker's (`gateway.lifecycle.workers.WorkerState`, its diagram above it); this module
-adds only its own steps on a model (a load under way, a drain) and a remembered failed load (`Resident`). The
-policies and contracts are written once, in docs/lifecycle.md.
+adds only its own steps on a model (a load under way, a drain) and a remembered failed load (`Resident`). It
+decides nothing itself: each thing that happens is an event, `gateway.lifecycle.decisions.decide` (pure) says
+what follows, and this module carries the effects out (the awaits, the lock, the tasks). The policies and
+contracts are written once, in docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Protocol
 
 from gateway.config import ServerSettings
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle import decisions
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.eviction import choose_victims, eviction_reason, no_room, shortfall
 from gateway.lifecycle.memory import MemoryProbe, ModelMemory, Pools, cluster_memory, estimates_from_placement
@@ -120,28 +123,32 @@ class Residency:
     def check(self, deployment: Deployment) -> None:
         """Fail fast, before a request is admitted: an on-demand model's remembered failed load is returned at
         once until its backoff ends. (A model whose worker restarts itself is waited for in `ensure_loaded`.)"""
-        self._entry(deployment).raise_if_failed()
+        entry = self._entry(deployment)
+        if isinstance(self._decide(decisions.Requested(entry.name))[0], decisions.Refuse):
+            raise entry.failed_error()
 
     def try_hold(self, deployment: Deployment) -> Hold | None:
         """A hold at once when the model is served now; None when it must be loaded or is still starting."""
         entry = self._entry(deployment)
-        return entry.grant() if entry.serves_now() else None
+        return entry.grant() if isinstance(self._decide(decisions.Requested(entry.name))[0], decisions.Grant) else None
 
     async def ensure_loaded(self, deployment: Deployment, *, wait_s: float | None = None) -> Hold:
         """Return a `Hold` on the model once it is READY, loading it (one load for every waiter) if needed.
 
         Raises a 503 `GatewayError` with Retry-After: the load's error (to every waiter), a remembered
         failure still in its backoff, or "still loading" after `wait_s` (the load itself goes on)."""
-        hold = self.try_hold(deployment)
-        if hold is not None:
-            return hold
         entry = self._entry(deployment)
-        if entry.policy.restarts:
-            return await self._await_worker(entry, wait_s)
-        entry.raise_if_failed()
+        effects = self._decide(decisions.Requested(entry.name))
+        match effects[0]:
+            case decisions.Grant():
+                return entry.grant()
+            case decisions.AwaitWorker():
+                return await self._await_worker(entry, wait_s)
+            case decisions.Refuse():
+                raise entry.failed_error()
         waiter: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
-        entry.pending.add(waiter)
-        self._kick(entry)
+        entry.pending.add(waiter)  # Enqueue
+        self._start_loads(effects)
         started = time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(waiter), wait_s)
@@ -193,13 +200,12 @@ class Residency:
             return
         if entry.progress is None:  # no step of ours on it: its worker's own start (or restart) is under way
             entry.phase_started = time.monotonic()
-        served = entry.load_task is None and entry.error is None  # it was serving (or draining), not loading
-        if state is WorkerState.FAILED and served and not entry.policy.restarts:  # no worker restart: our part
-            entry.backoff.served_for(None if entry.ready_at is None else time.monotonic() - entry.ready_at)
-            reason = entry.deployment.worker.last_error or "the worker exited"
-            self._failed(entry, f"model {name!r} stopped while serving: {reason}")
-        else:
-            self._publish(entry)
+        for effect in self._decide(decisions.WorkerChanged(name, state)):
+            if isinstance(effect, decisions.RememberFailure):
+                entry.backoff.served_for(effect.served_s)
+                self._failed(entry, effect.message)
+            else:
+                self._publish(entry)
 
     # -- config reload (gateway.reload) -----------------------------------------------------------------
     def adopt(self, deployment: Deployment, memory: ModelMemory | None) -> None:
@@ -228,12 +234,13 @@ class Residency:
     async def load(self, deployment: Deployment) -> None:
         """Load now (an admin request): a remembered failure does not wait for its backoff."""
         entry = self._entry(deployment)
-        if entry.policy.restarts:
+        effects = self._decide(decisions.AdminLoad(entry.name))
+        if effects and isinstance(effects[0], decisions.RetryWorker):
             deployment.worker.start(retry=True)  # a worker that gave up after a crash loop tries again
             hold = await self._await_worker(entry, self._settings.startup_timeout_s)
             hold.release()
             return
-        if entry.status() is Status.FAILED:
+        if effects:  # ForgetFailure: no wait for its backoff, and a worker that gave up is retried
             entry.backoff.retry_at = None
             entry.retry_crashed = True
         hold = await self.ensure_loaded(deployment, wait_s=self._settings.startup_timeout_s)
@@ -242,15 +249,16 @@ class Residency:
     async def unload(self, deployment: Deployment) -> None:
         """Unload now (an admin request), draining requests in flight up to `drain_timeout_s`."""
         entry = self._entry(deployment)
-        if not entry.policy.evictable:
+        if any(isinstance(effect, decisions.Refuse) for effect in self._decide(decisions.AdminUnload(entry.name))):
             raise GatewayError(
                 ErrorCode.INVALID_REQUEST,
                 f"model {entry.name!r} is pinned (load: always): it is never unloaded",
                 param="model",
             )
-        async with self._lock:
-            if entry.status() is Status.READY:
-                await self._unload(entry, "admin", f"an admin asked to unload {entry.name!r}")
+        async with self._lock:  # decided again in its turn: it may have been unloaded meanwhile
+            for effect in self._decide(decisions.AdminUnload(entry.name)):
+                if isinstance(effect, decisions.Unload):
+                    await self._unload(entry, effect.reason, effect.why)
 
     def describe(self, deployment: Deployment) -> dict[str, Any]:
         """The admin view of one model (`Resident.describe`)."""
@@ -274,23 +282,24 @@ class Residency:
         return [self._entry(d) for d in self._registry]
 
     # -- loading ----------------------------------------------------------------------------------------
-    def _kick(self, entry: Resident) -> None:
-        """Start a load for waiters of a model that is not loaded and has no load on the way."""
-        if self._closing or not entry.pending or entry.load_task is not None:
-            return
-        if entry.status() in (Status.UNLOADED, Status.FAILED):
-            entry.load_task = asyncio.create_task(self._load(entry), name=f"load:{entry.name}")
-            self._step(entry, "waiting for other loads and unloads to finish")
+    def _start_loads(self, effects: Sequence[decisions.Effect]) -> None:
+        """Carry out the `StartLoad`s among `effects`: one load task for every waiter of the model."""
+        for effect in effects:
+            if isinstance(effect, decisions.StartLoad):
+                entry = self._entries[effect.model]
+                entry.load_task = asyncio.create_task(self._load(entry), name=f"load:{entry.name}")
+                self._step(entry, "waiting for other loads and unloads to finish")
 
     async def _load(self, entry: Resident) -> None:
         """One load, for every waiter: its outcome is READY, FAILED (`_failed`, the error remembered) or, when
         every waiter gave up or a model to evict stayed busy, UNLOADED (a failure before it forgotten)."""
         try:
             async with self._lock:
-                if not entry.pending:  # everyone gave up while it waited for its turn
+                turn = self._decide(decisions.LoadTurn(entry.name))[0]
+                if isinstance(turn, decisions.Forget):  # every waiter gave up while it waited for its turn
                     entry.error = None
                     return
-                if await self._make_room(entry):
+                if await self._make_room(entry):  # MakeRoomAndStart
                     await self._start(entry)
         except GatewayError as exc:
             entry.error = None
@@ -383,6 +392,7 @@ class Residency:
             try:
                 await asyncio.wait_for(entry.idle.wait(), bound)
             except TimeoutError:
+                assert isinstance(self._decide(decisions.DrainExpired(entry.name))[0], decisions.ResumeServing)
                 entry.draining = False
                 self._step(entry, None)  # READY again
                 entry.grant_pending()
@@ -401,7 +411,7 @@ class Residency:
         entry.backoff.reset()
         entry.draining, entry.error = False, None
         self._step(entry, None)  # UNLOADED
-        self._kick(entry)  # requests that came while it drained: it loads again after this change
+        self._start_loads(self._decide(decisions.Unloaded(entry.name)))  # requests that came while it drained
 
     async def _reap_loop(self) -> None:
         """Unload on-demand models idle for their `idle_unload_s`; refresh the measured host memory."""
@@ -409,8 +419,9 @@ class Residency:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
             now = time.monotonic()
-            for entry in self._all():
-                if entry.idle_for_long(now) and not entry.reaping:
+            for effect in self._decide(decisions.Tick()):
+                if isinstance(effect, decisions.Unload):
+                    entry = self._entries[effect.model]
                     entry.reaping = True
                     self._spawn(self._reap(entry), f"reap:{entry.name}")
             if now - last_measure >= MEASURE_INTERVAL_S:
@@ -421,11 +432,11 @@ class Residency:
 
     async def _reap(self, entry: Resident) -> None:
         try:
-            async with self._lock:
-                if entry.idle_for_long(time.monotonic()):
-                    idle = time.monotonic() - (entry.last_used or 0.0)
-                    why = f"no request for {idle:.1f} s (idle_unload_s {entry.deployment.idle_unload_s:g})"
-                    await self._unload(entry, "idle", why)
+            async with self._lock:  # decided again in its turn: a request may have come meanwhile
+                entry.reaping = False
+                for effect in self._decide(decisions.Tick()):
+                    if isinstance(effect, decisions.Unload) and effect.model == entry.name:
+                        await self._unload(entry, effect.reason, effect.why)
         finally:
             entry.reaping = False
 
@@ -443,6 +454,12 @@ class Residency:
                 self._measure(entry, before)
 
     # -- bookkeeping ------------------------------------------------------------------------------------
+    def _decide(self, event: decisions.Event) -> tuple[decisions.Effect, ...]:
+        """The scheduler's decision on `event` (`gateway.lifecycle.decisions`), from the models as they are now."""
+        now = time.monotonic()
+        entries = self._all() if isinstance(event, decisions.Tick) else [self._entries[event.model]]
+        return decisions.decide({e.name: e.view(now) for e in entries}, event, closing=self._closing)
+
     def _step(self, entry: Resident, progress: str | None) -> None:
         """Say what the scheduler does to `entry` now (None: nothing) and publish its status."""
         if progress != entry.progress:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle.decisions import View
 from gateway.lifecycle.deployments import Deployment
 from gateway.lifecycle.memory import ModelMemory
 from gateway.lifecycle.policy import Backoff, Policy
@@ -107,17 +108,37 @@ class Resident:
     def touch(self) -> None:
         self.last_used, self.last_used_wall = time.monotonic(), time.time()
 
-    # -- holds and waiters (changed only by `gateway.lifecycle.residency`) --------------------------------
-    def serves_now(self) -> bool:
-        """READY with no step of the scheduler on it, and its worker's state machine says it serves now."""
-        if self.status() is not Status.READY:
-            return False
+    # -- what the scheduler decides from (`gateway.lifecycle.decide`) -------------------------------------
+    def view(self, now: float) -> View:
+        """This model as the scheduler's decisions see it at `now` (monotonic)."""
+        status = self.status()
+        return View(
+            name=self.name,
+            status=status,
+            serves=status is Status.READY and self._takes_requests(),
+            restarts=self.policy.restarts,
+            evictable=self.policy.evictable,
+            holds=self.holds,
+            waiting=len(self.pending),
+            loading=self.load_task is not None,
+            reaping=self.reaping,
+            failure=self.error,
+            backoff_left_s=self.backoff.left_s() if self.backoff.waiting() else 0.0,
+            idle_unload_s=self.policy.idle_unload_s,
+            idle_s=None if self.last_used is None else now - self.last_used,
+            ready_s=None if self.ready_at is None else now - self.ready_at,
+            last_error=self.deployment.worker.last_error,
+        )
+
+    def _takes_requests(self) -> bool:
+        """Its worker's state machine says it serves now."""
         try:
             self.deployment.worker.base_url()
         except GatewayError:
             return False
         return True
 
+    # -- holds and waiters (changed only by `gateway.lifecycle.residency`) --------------------------------
     def grant(self) -> Hold:
         """A new hold: the model is not unloaded until it is released."""
         self.holds += 1
@@ -152,11 +173,6 @@ class Resident:
         left = max(1.0, self.backoff.left_s())
         return GatewayError(ErrorCode.WORKER_UNAVAILABLE, self.error or "failed to load", retry_after_s=left)
 
-    def raise_if_failed(self) -> None:
-        """The remembered failed load while its backoff lasts (a model whose worker restarts itself has none)."""
-        if self.status() is Status.FAILED and self.error is not None and self.backoff.waiting():
-            raise self.failed_error()
-
     def still_loading(self, waited_s: float) -> GatewayError:
         expected = self.last_load_s or 10.0
         return GatewayError(
@@ -189,17 +205,6 @@ class Resident:
             phase = words.starting_phase if worker.restarts == 0 else words.restarting_phase
             return Progress(self.name, phase, time.monotonic() - self.phase_started, loading=words.loads)
         return Progress(self.name, self.progress, time.monotonic() - self.phase_started)
-
-    def idle_for_long(self, now: float) -> bool:
-        """READY with no request for its policy's `idle_unload_s` (only on-demand models have one): unload it."""
-        ttl = self.policy.idle_unload_s
-        return (
-            ttl is not None
-            and self.status() is Status.READY
-            and not self.holds
-            and self.last_used is not None
-            and now - self.last_used >= ttl
-        )
 
     def failure(self) -> str | None:
         """Why a FAILED model is failed (for display); None in every other state."""
