@@ -5,7 +5,8 @@ width 768, 8 active), every matrix Q4_0 (random 4-bit values, fp16 scales of 0.0
 types, not values), norms and routers F32, ~16.6 GB. Its tokenizer is copied from another GGUF (the 7B model's
 SentencePiece vocabulary on the GPU machine), so the vocabulary is 32,000 instead of Qwen's 151,936: the
 embedding and output head are smaller, the blocks are the real ones. One tile of random blocks is written for
-every tensor of a shape, so building takes the time of writing the file.
+every tensor of a shape, so building takes the time of writing the file. The tokenizer is copied by the tiny
+fixtures' helper (`tests/fixtures/tiny_gguf.py`), so run it from the repository root.
 
     python3 -m bench.gpu.make_moe_gguf TOKENIZER.gguf OUT.gguf
 """
@@ -18,6 +19,8 @@ from typing import Any
 
 import gguf
 import numpy as np
+
+from tests.fixtures.tiny_gguf import copy_tokenizer
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 2048, 32, 4, 128, 48
 EXPERTS, ACTIVE, EXPERT_WIDTH = 128, 8, 768
@@ -49,13 +52,7 @@ def write(tokenizer_from: Path, path: Path) -> Path:
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    reader = gguf.GGUFReader(tokenizer_from)
-    n_vocab = 0
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
-            n_vocab = len(field.contents()) if key == "tokenizer.ggml.tokens" else n_vocab
+    n_vocab = copy_tokenizer(tokenizer_from, writer)
     q = HEADS * HEAD_DIM
     shared = {  # one array per shape, written for every tensor of that shape
         "embd": _q4_0(rng, n_vocab, HIDDEN), "q": _q4_0(rng, q, HIDDEN), "kv": _q4_0(rng, KV_HEADS * HEAD_DIM, HIDDEN),
