@@ -139,6 +139,12 @@ class ServerSettings(_Spec):
         description="a running local worker that answers no health check this long is killed "
         "and restarted, which ends its requests in flight (null: never)",
     )
+    host_silence_s: float = Field(
+        default=30.0,
+        ge=1,
+        description="cluster mode: a host whose agent answers no call this long is declared lost (a frozen or "
+        "cut-off host closes no connection); its models are re-placed and its requests end",
+    )
     startup_timeout_s: float = Field(default=900.0, gt=0, description="worker load deadline")
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="in-flight streams may finish this long")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a free slot before 429")

@@ -111,7 +111,7 @@ def agent_name(host: str, node_id: str) -> str:
 
 def spawn_agent(
     host: str, node_id: str, *, bind_host: str, advertise: str | None = None, gpus: str = "auto",
-    detached: bool = False,
+    detached: bool = False, call_timeout_s: float = 30.0,
 ) -> RayHostAgent:  # fmt: skip
     """The agent of `host` on node `node_id` (started there unless it already runs, found by name in the
     `voltgate` namespace).
@@ -129,7 +129,17 @@ def spawn_agent(
     if detached:
         options["lifetime"] = "detached"
     actor = ray.remote(_AgentActor).options(**options).remote(host, bind_host, advertise, gpus)
-    return RayHostAgent(host, actor)
+    return RayHostAgent(host, actor, call_timeout_s)
+
+
+def kill_agent(host: str, node_id: str) -> None:
+    """End the agent of `host` on node `node_id` if it still exists: one asked for while its node was dying never
+    started and would otherwise start on the host's next node, beside that node's own agent."""
+    try:
+        actor = ray.get_actor(agent_name(host, node_id), namespace=NAMESPACE)
+    except ValueError:
+        return  # no such actor: nothing to end
+    ray.kill(actor, no_restart=True)
 
 
 def cluster_hosts() -> dict[str, str]:

@@ -13,7 +13,10 @@ remote endpoints are served as before.
   are (nothing serving is moved). A model that fits goes to its new host (a fresh `HostWorker`); one that
   does not is refused with a 503 naming it, the lost host and why no other host can take it;
 * a host that joins (a Ray node declaring `voltgate_host:<name>`, or the same name on a new node) gets an
-  agent, and the models that are not served (refused by the loss, or never placed) are planned again.
+  agent, and the models that are not served (refused by the loss, or never placed) are planned again;
+* a host lost while its Ray node lives on (frozen, partitioned) is offered again by discovery every round; once
+  its agent answers (each ask bounded by `refresh_s`), the workers it still runs from before the loss (served
+  elsewhere now) are stopped and the host joins again like a new one, without restarting Ray there.
 
 Memory per host: each host's pools (`<host>:host`, `<host>:gpu<i>`, `gateway.lifecycle.memory`) are given to
 the residency manager at start and when a host joins, with a `ReportedProbe` per host that this side keeps
@@ -87,8 +90,9 @@ def host_gpus(raw: str | None = None) -> dict[str, str]:
 class RayDiscovery:
     """`Discover` over Ray: the alive nodes that declare `voltgate_host:<name>`, by node id."""
 
-    def __init__(self, gpus: Mapping[str, str]) -> None:
+    def __init__(self, gpus: Mapping[str, str], silence_s: float = 30.0) -> None:
         self._gpus = dict(gpus)
+        self._silence_s = silence_s  # `server.host_silence_s`: each call on an agent is bounded by it
         self._nodes: dict[str, str] = {}  # host -> the node id its agent runs on
 
     async def __call__(self) -> tuple[dict[str, HostAgent], set[str]]:
@@ -96,13 +100,14 @@ class RayDiscovery:
 
         nodes = await asyncio.to_thread(ray_agent.cluster_nodes)
         gone = {host for host, node in self._nodes.items() if nodes.get(host, (None, None))[1] != node}
-        for host in gone:
-            del self._nodes[host]
+        for host in gone:  # its node left: its agent there is gone, or never started (asked while the node died)
+            ray_agent.kill_agent(host, self._nodes.pop(host))
         joined: dict[str, HostAgent] = {}
         for host, (ip, node) in nodes.items():
             if host not in self._nodes:
                 self._nodes[host] = node
-                joined[host] = ray_agent.spawn_agent(host, node, bind_host=ip, gpus=self._gpus.get(host, "auto"))
+                joined[host] = ray_agent.spawn_agent(host, node, bind_host=ip, gpus=self._gpus.get(host, "auto"),
+                                                     call_timeout_s=self._silence_s)  # fmt: skip
         return joined, gone
 
     def forget(self, host: str) -> None:
@@ -129,22 +134,46 @@ class ClusterServing:
     _on_placement: Callable[[dict[str, Any]], None] | None = None
     _host_gauge: Gauge | None = None
     _seen: set[str] = field(default_factory=set)  # every host that ever joined (the gauge's label values)
+    _returning: set[str] = field(default_factory=set)  # lost while its node lives: its leftovers to stop on return
 
     async def join(self, agents: Mapping[str, HostAgent]) -> None:
-        """Ask each new host's agent for its inventory and files; a host that does not answer is left out and
-        forgotten by discovery, which offers it again next round with a fresh agent, until its node leaves."""
-        for host, agent in agents.items():
-            try:
-                (view,) = await hosts_from_agents([agent], self.config)
-            except HostLost as exc:
-                log.warning("host %s did not answer: %s; asking again with a fresh agent", host, exc)
+        """Ask each new host's agent for its inventory and files (all at once); a host that does not answer is
+        left out and forgotten by discovery, which offers it again next round with a fresh agent, until its node
+        leaves. A host that returns after a loss is asked within `refresh_s` (it may still be frozen) and has
+        the workers it kept from before the loss stopped first."""
+        asks = [self._ask(host, agent) for host, agent in agents.items()]
+        for host, agent, view in zip(agents, agents.values(), await asyncio.gather(*asks), strict=True):
+            if view is None:
                 self.discover.forget(host)
                 continue
+            self._returning.discard(host)
             self.agents[host], self.views[host] = agent, view
             self.probes[host] = ReportedProbe()
             _read(self.probes[host], view.inventory, view.memory_available_bytes)
             self._seen.add(host)
             log.info("host %s joined (%d GPU(s))", host, len(view.inventory.gpus))
+
+    async def _ask(self, host: str, agent: HostAgent) -> HostView | None:
+        """The host's view, or None when it does not answer (logged)."""
+        returning = host in self._returning
+        try:
+            async with asyncio.timeout(self.refresh_s if returning else None):
+                (view,) = await hosts_from_agents([agent], self.config)
+                if returning:
+                    await self._stop_leftovers(host, agent)
+        except (HostLost, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {self.refresh_s:g} s"
+            log.warning("host %s did not answer: %s; asking again with a fresh agent", host, why)
+            return None
+        return view
+
+    async def _stop_leftovers(self, host: str, agent: HostAgent) -> None:
+        """Stop what a returning host still runs from before its loss: those models are served elsewhere (or
+        refused) now, and their memory is the host's again."""
+        for worker in (await agent.describe()).workers:
+            if self.assignment.get(worker.name) != host:
+                log.warning("host %s is back: stopping its leftover worker %s", host, worker.name)
+                await agent.stop_worker(worker.name)
 
     def plan(self) -> ClusterReport:
         """Plan over the live hosts, each model that is served on one of them pinned there."""
@@ -246,9 +275,13 @@ class ClusterServing:
                 lost = {d.worker.host: d.worker.lost for d in registry
                         if isinstance(d.worker, HostWorker) and d.worker.lost}  # fmt: skip
                 joined, gone = await self.discover()
+                self._returning -= gone  # a new node of the host: a host that joins, not one that returns
                 lost.update({host: f"host {host!r} left the cluster" for host in gone if host in self.agents})
                 displaced = {m: h for m, h in self.assignment.items() if h in lost}
                 for host in lost:
+                    if host not in gone:  # its node lives: it may come back (frozen, partitioned)
+                        self._returning.add(host)
+                        self.discover.forget(host)
                     self.agents.pop(host, None)
                     self.views.pop(host, None)
                     self.probes.pop(host, None)
@@ -321,7 +354,7 @@ def open_cluster(target: str, config: Config) -> ClusterServing:
             "`voltgate plan --cluster`"
         )
     connect(target)
-    serving = ClusterServing(config, RayDiscovery(host_gpus()))
+    serving = ClusterServing(config, RayDiscovery(host_gpus(), config.server.host_silence_s))
 
     async def first() -> None:
         joined, _ = await serving.discover()

@@ -35,6 +35,8 @@ class Agent:
         self.host = host
         self.lost = False
         self.started: list[str] = []
+        self.running: set[str] = set()
+        self.stopped: list[str] = []
 
     def _check(self) -> None:
         if self.lost:
@@ -42,11 +44,14 @@ class Agent:
 
     async def describe(self, paths: Sequence[str] = ()) -> HostReport:
         self._check()
-        return HostReport(host=self.host, address="127.0.0.1", inventory=Inventory(), files=dict.fromkeys(paths, True))
+        workers = [await self.worker(name) for name in sorted(self.running)]
+        return HostReport(host=self.host, address="127.0.0.1", inventory=Inventory(), files=dict.fromkeys(paths, True),
+                          workers=workers)  # fmt: skip
 
     async def start_worker(self, plan: DeploymentPlan, token: str, wait_s: float = 600.0) -> WorkerReport:
         self._check()
         self.started.append(plan.model)
+        self.running.add(plan.model)
         return await self.worker(plan.model)
 
     async def worker(self, name: str) -> WorkerReport:
@@ -55,6 +60,9 @@ class Agent:
 
     async def stop_worker(self, name: str, grace_s: float = 10.0) -> None:
         self._check()
+        if name in self.running:
+            self.running.discard(name)
+            self.stopped.append(name)
 
 
 class Residency:
@@ -84,7 +92,8 @@ class Discovery:
 
     def forget(self, host: str) -> None:  # offered again next round, as RayDiscovery spawns a fresh agent
         self.forgotten.append(host)
-        self.joined[host] = self.offered[host]
+        if host in self.offered:  # unless a newer agent of the host was offered meanwhile
+            self.joined.setdefault(host, self.offered[host])
 
 
 async def _until(check: Any) -> None:
@@ -254,6 +263,51 @@ def test_a_frozen_hosts_readings_never_hold_back_its_models_re_placement(smollm2
             frozen.dead = True
             other = "b" if host == "a" else "a"
             await _until(lambda: serving.assignment.get("beta") == other)
+            await serving.close()
+            for deployment in registry:
+                await deployment.worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_frozen_host_that_answers_again_has_its_leftovers_stopped_and_is_taken_back(smollm2_path: Path) -> None:
+    """Issue 35 item 7: a host lost while its Ray node lives (frozen, partitioned) came back unused until Ray was
+    restarted there; now discovery offers it again every round, and once it answers its leftover worker (its
+    model re-placed meanwhile) is stopped and the host serves again: a model only it can run returns to it."""
+    config = Config.model_validate({"gpus": "none", "models": [
+        {"name": "beta", "sources": [{"gguf": str(smollm2_path)}], "context": 512, "hosts": ["a", "b"]},
+        {"name": "gamma", "sources": [{"gguf": str(smollm2_path)}], "context": 512, "hosts": ["b"]},
+    ]})  # fmt: skip
+    specs = {spec.name: spec for spec in config.models}
+
+    async def scenario() -> None:
+        discovery = Discovery()
+        serving = ClusterServing(config, discovery, interval_s=0.02, worker_interval_s=0.02, refresh_s=0.05)
+        a, b = FrozenAgent("a"), FrozenAgent("b")
+        discovery.offered = {"a": a, "b": b}
+        await serving.join({"a": a, "b": b})
+        plans, _ = serving.initial()
+        assert serving.assignment == {"beta": "a", "gamma": "b"} or serving.assignment["gamma"] == "b"
+        metrics, registry, residency = Metrics(), Registry(), Residency()
+        async with httpx.AsyncClient() as client:
+
+            def make(plan: DeploymentPlan, spec: ModelSpec) -> Deployment:
+                return _deployment(plan, spec, LlamaCppAdapter(), client, config, metrics, None, serving)
+
+            for plan in plans:
+                registry.add(make(plan, specs[plan.model]))
+                await registry.resolve(plan.model).worker.ensure_ready(5)
+            serving.start(registry, residency, make, metrics, lambda _: None)
+            assert b.running == {"gamma"} | ({"beta"} if serving.assignment["beta"] == "b" else set())
+            b.frozen = b.dead = True  # host b freezes; its workers' polls fail
+            await _until(lambda: "b" not in serving.agents and serving.assignment.get("beta") == "a")
+            assert "gamma" not in serving.assignment  # only b can run it: refused while b is away
+            await asyncio.sleep(0.2)  # rounds that ask the frozen host again, each bounded by refresh_s
+            assert "b" in discovery.forgotten and "b" not in serving.agents
+            b.frozen = b.dead = False  # b answers again, its old worker still running
+            await _until(lambda: "b" in serving.agents and serving.assignment.get("gamma") == "b")
+            assert "gamma" in b.stopped  # the leftover stopped before the host was used again
+            assert serving.assignment["beta"] == "a"  # nothing serving moves back
             await serving.close()
             for deployment in registry:
                 await deployment.worker.stop()
