@@ -21,6 +21,7 @@ from gateway.placement.estimate import (
     gib,
     turbomind_kv_target_bytes,
 )
+from gateway.placement.families import turbomind_refusal
 from gateway.placement.inspection import SourceInfo
 from gateway.placement.inventory import GPU
 from gateway.placement.tool_parsers import reasoning_parser_for, tool_parser_for
@@ -33,25 +34,6 @@ LC_GPU = "llamacpp-gpu"
 LC_PARTIAL = "llamacpp-partial"
 LC_CPU = "llamacpp-cpu"
 
-# Architectures TurboMind (lmdeploy >= 0.6) loads; anything else goes to llama.cpp.
-TURBOMIND_ARCHITECTURES = frozenset(
-    {
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "MixtralForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen2MoeForCausalLM",
-        "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM",
-        "InternLMForCausalLM",
-        "InternLM2ForCausalLM",
-        "InternLM3ForCausalLM",
-        "BaichuanForCausalLM",
-        "BaiChuanForCausalLM",
-        "DeepseekV2ForCausalLM",
-        *TURBOMIND_VISION,  # vision-language models whose image encoder TurboMind runs (gateway/placement/vision.py)
-    }
-)
 HOST_MEMORY_FRACTION = 0.9
 """A CPU plan may use this much of host memory; beyond it the mmapped weights thrash."""
 
@@ -121,8 +103,9 @@ class ModelWork:
 def turbomind_unsupported(source: SourceInfo, tp: int, spec: ModelSpec, policy: int | None = None) -> str | None:
     """Why TurboMind cannot run this source at this tp (and KV policy) on Volta, or None."""
     shape = source.shape
-    if shape.architecture not in TURBOMIND_ARCHITECTURES:
-        return f"TurboMind does not support {shape.architecture}"
+    refusal = turbomind_refusal(shape.architecture)
+    if refusal is not None:
+        return refusal
     if shape.head_dim not in (64, 128):
         return f"head_dim {shape.head_dim}: TurboMind on Volta needs 64 or 128"
     policy = spec.lmdeploy.quant_policy if policy is None else policy

@@ -31,7 +31,7 @@ _BY_ARCHITECTURE = {
 def tool_parser_for(source: SourceInfo) -> str | None:
     """LMDeploy's tool-call parser for `source`'s architecture, or None if it has none."""
     arch = source.shape.architecture
-    if arch in ("LlamaForCausalLM", "MistralForCausalLM") and source.shape.vocab_size >= LLAMA3_VOCAB:
+    if arch == "LlamaForCausalLM" and source.shape.vocab_size >= LLAMA3_VOCAB:
         return "llama3"
     return _BY_ARCHITECTURE.get(arch)
 

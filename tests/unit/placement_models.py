@@ -68,6 +68,27 @@ MISTRAL_7B: dict[str, Any] = {
     "use_cache": True,
     "vocab_size": 32768,
 }
+GPT_OSS_20B: dict[str, Any] = {  # openai/gpt-oss-20b's config.json, as a BF16 checkpoint (no MXFP4 quantization_config)
+    "architectures": ["GptOssForCausalLM"],
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 150000,
+    "sliding_window": 128,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 201088,
+}
 MIXTRAL_8X7B: dict[str, Any] = {
     "architectures": ["MixtralForCausalLM"],
     "attention_dropout": 0.0,
@@ -327,6 +348,7 @@ def build_zoo(root: Path) -> Path:
     write_hf_model(root / "llama2-70b", LLAMA2_70B, shards=15)
     write_hf_model(root / "mixtral-8x7b-awq", MIXTRAL_8X7B, quant=AWQ_GEMM, shards=5)
     write_hf_model(root / "mistral-7b", MISTRAL_7B, dtype="BF16", shards=2)
+    write_hf_model(root / "gpt-oss-20b-bf16", GPT_OSS_20B, dtype="BF16", shards=3)
     write_hf_model(root / "qwen2-0.5b", QWEN2_0_5B, dtype="BF16")
     for quant in ("F16", "Q8_0", "Q4_K_M"):
         write_gguf(root / f"llama2-7b.{quant}.gguf", LLAMA2_7B, quant)
