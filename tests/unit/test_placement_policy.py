@@ -121,7 +121,7 @@ GUIDE = [
          "v100-32gb", {"sources": [hf("mistral-7b")], "context": 8192, "concurrency": 8}, None,
          refusal="a GGUF source would let llama.cpp run it",
          rejected=("turbomind-fp16: TurboMind (lmdeploy 0.18) does not run MistralForCausalLM",)),
-    Case("gpt-oss-20b as HF: TurboMind 0.18 runs it, but voltgate does not size it for TurboMind yet: refused, naming why",
+    Case("gpt-oss-20b as HF: TurboMind 0.18 runs it, voltgate does not size it there yet: refused, naming why",
          "v100-32gb", {"sources": [hf("gpt-oss-20b-bf16")]}, None, refusal="a GGUF source would let llama.cpp",
          rejected=("turbomind-fp16: TurboMind (lmdeploy 0.18) runs GptOssForCausalLM, but voltgate does not size",)),
     Case("missing sources: refused with 'source not found', never a crash",
