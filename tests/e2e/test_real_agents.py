@@ -32,7 +32,7 @@ from tests.e2e.conftest import (
     running_gateway,
     write_config,
 )
-from tests.fixtures.gguf_templates import retemplated_gguf, template_text
+from tests.fixtures.gguf_templates import thinking_gguf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,21 +93,13 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     engine = {"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV}
     common: dict[str, object] = {"context": CONTEXT, "concurrency": 1, "sampling": SAMPLING, "llamacpp": engine}
     entry = model_entry(smollm2_path, aliases=["smollm2", *CLAUDE_NAMES], **common)
-    thinking = model_entry(_thinking_gguf(smollm2_path, tmp), name=THINKING,
+    thinking = model_entry(thinking_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf"), name=THINKING,
                            reasoning={"effort": "high", "budget_tokens": THINKING_BUDGET}, **common)  # fmt: skip
     server = {"max_tokens_cap": CAP, "max_tokens_over_cap": "clamp", "max_body_bytes": 4 << 20,
               "queue_timeout_s": AGENT_TIMEOUT_S, "upstream_timeout_s": AGENT_TIMEOUT_S}  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry, thinking], **server)
     with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
-
-
-def _thinking_gguf(smollm2_path: Path, tmp: Path) -> Path:
-    qwen3 = template_text("qwen3")
-    closed = "{{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}"
-    assert closed in qwen3, "the stored Qwen3 template changed: its enable_thinking branch was not found"
-    opened = closed.replace("{%- endif %}", "{%- else %}\n        {{- '<think>\\n' }}\n    {%- endif %}")
-    return retemplated_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf", qwen3.replace(closed, opened))
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
