@@ -1,7 +1,7 @@
 """Drive a running Open WebUI backend the way its browser UI does, and print what came back as JSON.
 
 Runs under Open WebUI's own Python (it needs python-socketio and aiohttp, which Open WebUI installs):
-`OWUI_PYTHON -m tests.clients.openwebui_browser --url http://127.0.0.1:PORT --model NAME --image FILE.png`.
+`OWUI_PYTHON -m tests.clients.openwebui_browser --url http://127.0.0.1:PORT --model NAME [--image FILE.png]`.
 
 The calls and bodies are those of Open WebUI 0.12.4's Svelte frontend (`src/lib/components/chat/Chat.svelte`,
 `MessageInput.svelte`, `apis/files`): the first admin signs up; the PNG is uploaded with
@@ -10,7 +10,8 @@ connection on `/ws/socket.io` joins the user's room; `POST /api/chat/completions
 `user_message` with the file, `session_id`, the assistant message id, `parent_id: null` and the background
 tasks. The backend answers `{"status": true, "task_ids": [...]}` and streams the answer as socket.io
 `events` (a `response:completion` per chunk, then `chat:completion` with `done`), then runs the title, tags
-and follow-up tasks. A second, text-only message follows in the same chat. `--tools on on` keeps Open WebUI's
+and follow-up tasks. A second, text-only message follows in the same chat. Without `--image`, one text message in
+a new chat, and the message as Open WebUI stored it. `--tools on on` keeps Open WebUI's
 built-in tools (its default) on both. Standard library, httpx and socketio only: nothing from this repository.
 """
 
@@ -148,7 +149,7 @@ async def send(client: httpx.AsyncClient, events: Events, body: dict[str, Any]) 
     return {"reply": reply.json(), "seconds": round(time.monotonic() - started, 1), **answer_of(events.of(answer_id))}
 
 
-async def session(url: str, model_name: str, image: Path, tools: tuple[bool, bool]) -> dict[str, Any]:
+async def session(url: str, model_name: str, image: Path | None, tools: tuple[bool, bool]) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
         token = await signup(client)
         client.headers["authorization"] = f"Bearer {token}"
@@ -159,6 +160,8 @@ async def session(url: str, model_name: str, image: Path, tools: tuple[bool, boo
         await sio.connect(url, socketio_path="/ws/socket.io", auth={"token": token}, transports=["websocket"])
         await sio.emit("user-join", {"auth": {"token": token}})
         try:
+            if image is None:
+                return await _one_text_message(client, events, model, sio.get_sid(), tools[1])
             return await _two_messages(client, events, model, sio.get_sid(), image, tools)
         finally:
             await sio.disconnect()
@@ -192,11 +195,24 @@ async def _two_messages(
     }
 
 
+async def _one_text_message(
+    client: httpx.AsyncClient, events: Events, model: dict[str, Any], sid: str, tools: bool
+) -> dict[str, Any]:
+    """A new chat with one text message (no `--image`): the answer and the chat as Open WebUI stored it."""
+    first = user_message("Say hello in one sentence.", [], None, model["id"])
+    answer_id = str(uuid.uuid4())
+    text_turn = await send(client, events, completion_body(model, sid, first, answer_id, None, tools))
+    chat_id = next(e["chat_id"] for e in events.log if e.get("message_id") == answer_id)
+    chat = (await client.get(f"/api/v1/chats/{chat_id}")).json()
+    stored = (chat.get("chat") or chat).get("history", {}).get("messages", {}).get(answer_id, {})
+    return {"text_turn": text_turn, "stored_content": stored.get("content"), "stored_output": stored.get("output")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--image", type=Path, required=True)
+    parser.add_argument("--image", type=Path, help="a PNG for a first message with it; without: one text message")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds to wait for each answer")
     parser.add_argument(
         "--tools", nargs=2, choices=("on", "off"), default=("off", "off"), metavar=("IMAGE", "TEXT"),

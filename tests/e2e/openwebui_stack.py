@@ -1,12 +1,13 @@
-"""The stack the Open WebUI tests start: `voltgate serve` on the tiny VLM, the logging proxy, `open-webui serve`.
+"""The stack the Open WebUI tests start: `voltgate serve` on the tiny VLM (or on a thinking SmolLM2), the logging
+proxy, `open-webui serve`.
 
 Open WebUI is not a test dependency (its install is 2.9 GB with CPU torch, ~12 min): it lives in its own
 venv, `VOLTGATE_OPENWEBUI_VENV` (default `~/.cache/voltgate/openwebui-0.12.4`, made by `make openwebui-venv`),
 and `open_webui_binary()` skips the test, saying so, when that venv is not there. Open WebUI talks to the
 gateway through the logging proxy (tests/clients/recorder.py), so what it sent can be checked, not assumed.
 Everything is on 127.0.0.1 with Open WebUI's offline settings. Used by tests/e2e/test_open_webui_real.py
-(the backend driven as its browser's code does) and tests/e2e/test_open_webui_browser.py (its real UI in
-headless chromium).
+(the backend driven as its browser's code does), tests/e2e/test_open_webui_reasoning.py (the same, on a thinking
+model) and tests/e2e/test_open_webui_browser.py (its real UI in headless chromium).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tests.clients import recorder
 from tests.conftest import free_port
 from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.e2e.test_vision import VLM
+from tests.fixtures.gguf_templates import thinking_gguf
 from tests.fixtures.vlm.build import vlm_dir
 
 VENV = Path(os.environ.get("VOLTGATE_OPENWEBUI_VENV", Path.home() / ".cache/voltgate/openwebui-0.12.4"))
@@ -41,6 +43,7 @@ OFFLINE_ENV = {
     "GLOBAL_LOG_LEVEL": "WARNING",
 }  # fmt: skip
 CHAT_PATH = "/v1/chat/completions"
+THINKING = "smol-thinking"  # the model of `thinking_gateway`
 TASK_PROMPTS = ("concise title", "tags categorizing", "Predict 3-5 useful messages")  # Open WebUI's task prompts
 
 
@@ -61,6 +64,21 @@ def vlm_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
     # The title task asks for max_tokens 1000, which SmolLM2 may use up: clamped to what a test needs.
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_body_bytes=64 * 1024 * 1024,
                           max_tokens_cap=64, max_tokens_over_cap="clamp")  # fmt: skip
+    with running_gateway(config, tmp / "gateway.log") as gw:
+        yield gw
+
+
+@contextmanager
+def thinking_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
+    """`voltgate serve` on SmolLM2 under a thinking Qwen3 template (`THINKING`), with a thinking budget that
+    closes the thinking and sampling defaults that let SmolLM2 end its answer, ready."""
+    gguf = thinking_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf")
+    entry = model_entry(gguf, name=THINKING, context=8192, concurrency=2, default_max_tokens=48,
+                        reasoning={"effort": "high", "budget_tokens": 8},
+                        sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1})  # fmt: skip
+    entry["llamacpp"] = {"n_threads": 2, "max_queue": 64}
+    config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=96,
+                          max_tokens_over_cap="clamp")  # fmt: skip
     with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
 
