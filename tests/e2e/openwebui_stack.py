@@ -56,29 +56,36 @@ def open_webui_binary() -> Path:
 
 
 @contextmanager
-def vlm_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
-    """`voltgate serve` on the tiny VLM (SmolLM2 with the random-weight projector), ready."""
+def vlm_gateway(smollm2_path: Path, tmp: Path, *, thinking: bool = False) -> Iterator[Gateway]:
+    """`voltgate serve` on the tiny VLM (SmolLM2 with the random-weight projector), and with `thinking` the thinking
+    SmolLM2 of `thinking_gateway` beside it, ready."""
     model_dir = vlm_dir(tmp / "vlm", smollm2_path)
     entry = model_entry(model_dir / smollm2_path.name, name=VLM, context=8192, concurrency=2, default_max_tokens=48)
     entry["llamacpp"] = {"n_threads": 2, "max_queue": 64}
+    models = [entry, _thinking_entry(smollm2_path, tmp)] if thinking else [entry]
     # The title task asks for max_tokens 1000, which SmolLM2 may use up: clamped to what a test needs.
-    config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_body_bytes=64 * 1024 * 1024,
+    config = write_config(tmp, smollm2_path, free_port(), models=models, max_body_bytes=64 * 1024 * 1024,
                           max_tokens_cap=64, max_tokens_over_cap="clamp")  # fmt: skip
     with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
 
 
-@contextmanager
-def thinking_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
-    """`voltgate serve` on SmolLM2 under a thinking Qwen3 template (`THINKING`), with a thinking budget that
-    closes the thinking and sampling defaults that let SmolLM2 end its answer, ready."""
+def _thinking_entry(smollm2_path: Path, tmp: Path) -> dict[str, object]:
+    """SmolLM2 under a thinking Qwen3 template (`THINKING`), with a thinking budget that closes the thinking and
+    sampling defaults that let SmolLM2 end its answer."""
     gguf = thinking_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf")
     entry = model_entry(gguf, name=THINKING, context=8192, concurrency=2, default_max_tokens=48,
                         reasoning={"effort": "high", "budget_tokens": 8},
                         sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1})  # fmt: skip
     entry["llamacpp"] = {"n_threads": 2, "max_queue": 64}
-    config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=96,
-                          max_tokens_over_cap="clamp")  # fmt: skip
+    return entry
+
+
+@contextmanager
+def thinking_gateway(smollm2_path: Path, tmp: Path) -> Iterator[Gateway]:
+    """`voltgate serve` on the thinking SmolLM2 alone (`_thinking_entry`), ready."""
+    models = [_thinking_entry(smollm2_path, tmp)]
+    config = write_config(tmp, smollm2_path, free_port(), models=models, max_tokens_cap=96, max_tokens_over_cap="clamp")
     with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw
 

@@ -32,6 +32,7 @@ import pytest
 from tests.browser.conftest import chromium, missing
 from tests.e2e.conftest import Gateway
 from tests.e2e.openwebui_stack import (
+    THINKING,
     chat_requests,
     chat_requests_with_tasks,
     image_parts,
@@ -60,7 +61,7 @@ LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/")
 @pytest.fixture(scope="module")
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     open_webui_binary()
-    with vlm_gateway(smollm2_path, tmp_path_factory.mktemp("owui-browser-gateway")) as gw:
+    with vlm_gateway(smollm2_path, tmp_path_factory.mktemp("owui-browser-gateway"), thinking=True) as gw:
         yield gw
 
 
@@ -135,6 +136,25 @@ def sign_up(page: Page, url: str) -> None:
     ok = page.wait(lambda: page.button("Okay, Let's Go!"), "the release notes", timeout_s=10)
     ok.click()
     page.wait(lambda: page.button("Okay, Let's Go!") is None, "the release notes closed")
+
+
+def enter(page: Page, url: str) -> None:
+    """Into Open WebUI as its admin: signed up on a fresh instance (`sign_up`), else signed in with the form."""
+    page.driver.get(url)
+    first = page.wait(lambda: page.button("Get started") or page.css("input[type=email]"), "the first page")
+    if not isinstance(first, list):
+        sign_up(page, url)
+        return
+    first[0].send_keys("admin@example.com")
+    page.one("input[type=password]", "the password field").send_keys("voltgate-test-1")
+    page.wait(lambda: page.button("Sign in"), "Sign in").click()
+    page.one("#chat-input", "the chat box after signing in")
+    deadline = time.monotonic() + 5  # the release notes, if this browser has not closed them yet
+    while time.monotonic() < deadline:
+        if ok := page.button("Okay, Let's Go!"):
+            ok.click()
+            break
+        time.sleep(0.25)
 
 
 def select_model(page: Page, model: str) -> None:
@@ -318,3 +338,43 @@ def test_an_image_attached_in_open_webuis_browser_ui_reaches_the_model_and_the_a
         "chat_requests": [(e["body"].get("stream"), str(e["body"]["messages"][-1]["content"])[:60], e["status"])
                           for e in chats],
     }, indent=1))  # fmt: skip
+
+
+def test_a_thinking_models_thought_shows_in_open_webuis_page_apart_from_its_answer(
+    open_webui: str, recording: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Issue 36: on SmolLM2 under a thinking Qwen3 template (the generation prompt opens `<think>`), the page shows
+    the thinking as Open WebUI's collapsed "Thought for ..." block and the answer as the message, no tag in it."""
+    with chromium("1280,900", args=OFFLINE_ARGS) as driver:
+        page = Page(driver, tmp_path)
+        enter(page, open_webui)
+        select_model(page, THINKING)
+        function_calling_legacy(page)
+        box = page.one("#chat-input", "the chat box")
+        box.click()
+        box.send_keys("Say hello in one sentence.")
+        page.wait(lambda: page.css("#send-message-button:enabled"), "the Send button enabled").pop().click()
+        shown, _ = answer_when_done(page, ANSWER_TIMEOUT_S)
+        thought = [e.text for e in page.css(".chat-assistant *") if e.text.strip().startswith("Thought for")]
+        html = page.css(".chat-assistant")[0].get_attribute("innerHTML")
+        driver.save_screenshot(str(tmp_path / "open-webui-thinking.png"))
+        if keep := os.environ.get("VOLTGATE_OPENWEBUI_THINKING_SCREENSHOT"):
+            shutil.copyfile(tmp_path / "open-webui-thinking.png", keep)
+    (exchange,) = [e for e in chat_requests(recording[1]) if e["body"]["model"] == THINKING and e["body"]["stream"]
+                   and e["body"]["messages"][-1]["content"] == "Say hello in one sentence."]  # fmt: skip
+    assert exchange["status"] == 200 and exchange["body"]["stream"] is True
+    deltas = [choice.get("delta", {}) for chunk in streamed_chunks_of(exchange) for choice in chunk["choices"]]
+    thinking = "".join(d.get("reasoning_content") or "" for d in deltas)
+    answer = streamed_text(exchange)
+    assert thinking.strip() and answer.strip(), deltas
+    assert thought, f"no 'Thought for ...' block in the page: {html[:3000]}"
+    assert "<think>" not in html and "</think>" not in html, html[:3000]
+    # The message shows the block's header, then the answer as markdown (a leading "1." becomes a list's number).
+    rendered = words(re.sub(r"(?m)^\s*\d+\.\s", "", answer))
+    assert shown.startswith("Thought for") and words(shown)[-len(rendered) :] == rendered, (shown, answer)
+    print("\n" + json.dumps({"thought_block": thought[0], "shown": shown, "streamed_answer": answer,
+                              "streamed_thinking": thinking}, indent=1))  # fmt: skip
+
+
+def streamed_chunks_of(exchange: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e["data"] for e in exchange["response"] if isinstance(e.get("data"), dict)]
