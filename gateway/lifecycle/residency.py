@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gateway.config import ServerSettings
@@ -392,10 +393,11 @@ class Residency:
             try:
                 await asyncio.wait_for(entry.idle.wait(), bound)
             except TimeoutError:
-                assert isinstance(self._decide(decisions.DrainExpired(entry.name))[0], decisions.ResumeServing)
-                entry.draining = False
-                self._step(entry, None)  # READY again
-                entry.grant_pending()
+                for effect in self._decide(decisions.DrainExpired(entry.name)):
+                    if isinstance(effect, decisions.ResumeServing):
+                        entry.draining = False
+                        self._step(entry, None)  # READY again
+                        entry.grant_pending()
                 raise GatewayError(
                     ErrorCode.WORKER_UNAVAILABLE,
                     f"could not unload {entry.name!r}"
@@ -432,10 +434,10 @@ class Residency:
 
     async def _reap(self, entry: Resident) -> None:
         try:
-            async with self._lock:  # decided again in its turn: a request may have come meanwhile
-                entry.reaping = False
-                for effect in self._decide(decisions.Tick()):
-                    if isinstance(effect, decisions.Unload) and effect.model == entry.name:
+            async with self._lock:  # decided again in its turn (a request may have come meanwhile), as the
+                view = replace(entry.view(time.monotonic()), reaping=False)  # tick would without this unload
+                for effect in decisions.decide({entry.name: view}, decisions.Tick()):
+                    if isinstance(effect, decisions.Unload):
                         await self._unload(entry, effect.reason, effect.why)
         finally:
             entry.reaping = False
