@@ -157,10 +157,10 @@ class ClusterServing:
         """The host's view, or None when it does not answer (logged)."""
         returning = host in self._returning
         try:
-            async with asyncio.timeout(self.refresh_s if returning else None):
+            async with asyncio.timeout(self.refresh_s if returning else None):  # it may still be frozen
                 (view,) = await hosts_from_agents([agent], self.config)
-                if returning:
-                    await self._stop_leftovers(host, agent)
+            if returning:  # it answers: its stops take what they take (each bounded by the agent's call timeout)
+                await self._stop_leftovers(host, agent)
         except (HostLost, TimeoutError) as exc:
             why = str(exc) or f"no answer within {self.refresh_s:g} s"
             log.warning("host %s did not answer: %s; asking again with a fresh agent", host, why)
@@ -173,7 +173,7 @@ class ClusterServing:
         for worker in (await agent.describe()).workers:
             if self.assignment.get(worker.name) != host:
                 log.warning("host %s is back: stopping its leftover worker %s", host, worker.name)
-                await agent.stop_worker(worker.name)
+                await agent.stop_worker(worker.name, grace_s=2.0)  # unused since the loss: no request to finish
 
     def plan(self) -> ClusterReport:
         """Plan over the live hosts, each model that is served on one of them pinned there."""
