@@ -127,7 +127,8 @@ def _inventory_line(inventory: Inventory) -> str:
         return f"no GPUs{why}: models run on the CPU"
     parts = [gpu.describe() for gpu in inventory.gpus]
     kind = "simulated" if inventory.source == "simulated" else "NVML"
-    return f"{kind}: " + "; ".join(parts)
+    rest = "; other pairs: PCIe through the CPU" if len(parts) > 1 else ""
+    return f"{kind}: " + "; ".join(parts) + rest
 
 
 def precision_label(plan: DeploymentPlan) -> str:
