@@ -77,7 +77,7 @@ MEASURED_NVLINK = link_for("nvlink", (9, 0))
 def interconnect_of(gpus: Sequence[GPU]) -> Interconnect:
     """NVLink when the set's NVLink links join every GPU of it (NCCL rings over them, as on a DGX-1's hybrid
     cube-mesh where not every pair is linked); else PCIe through a switch when every pair meets below one;
-    else PCIe through the CPU."""
+    else PCIe through the CPU. Meant for two GPUs or more (one GPU all-reduces nothing)."""
     indices = {g.index for g in gpus}
     if _joined_by_nvlink(gpus, indices):
         return "nvlink"

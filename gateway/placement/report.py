@@ -127,7 +127,10 @@ def _inventory_line(inventory: Inventory) -> str:
         return f"no GPUs{why}: models run on the CPU"
     parts = [gpu.describe() for gpu in inventory.gpus]
     kind = "simulated" if inventory.source == "simulated" else "NVML"
-    rest = "; other pairs: PCIe through the CPU" if len(parts) > 1 else ""
+    unlinked = any(
+        b.index not in a.nvlink_peers + a.switch_peers for a in inventory.gpus for b in inventory.gpus if a is not b
+    )
+    rest = "; pairs not listed: PCIe through the CPU" if unlinked else ""
     return f"{kind}: " + "; ".join(parts) + rest
 
 

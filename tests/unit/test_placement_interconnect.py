@@ -110,11 +110,20 @@ def test_the_rendered_plan_names_the_interconnect_and_the_allreduce_cost(zoo: Pa
     out = io.StringIO()
     render_plan_table(report, Console(file=out, width=400, color_system=None))
     text = out.getvalue()
-    assert "Tesla V100-PCIE-16GB" in text and "other pairs: PCIe through the CPU" in text
+    assert "Tesla V100-PCIE-16GB" in text and "pairs not listed: PCIe through the CPU" in text
     work = d.prediction.inputs.workload
     per_step = f"all-reduce ~{work.allreduce_s(1) * 1e3:.2f} ms per step at 1 stream"
     assert f"tp 2 over PCIe through the CPU: {per_step}" in text
     assert work.allreduce_s(1) == pytest.approx(2 * 40 * link_for("pcie-host", (7, 0)).allreduce_s(2, 5120 * 2))
+
+
+def test_a_fully_nvlinked_inventory_lists_its_links_and_no_slow_pairs(zoo: Path) -> None:
+    report = report_for(zoo, "2xv100-16gb", sources=[hf("llama2-13b")], context=2048, min_context=2048)
+    out = io.StringIO()
+    render_plan_table(report, Console(file=out, width=400, color_system=None))
+    text = out.getvalue()
+    assert "NVLink to 1" in text and "NVLink to 0" in text and "pairs not listed" not in text
+    assert "tp 2 over NVLink: all-reduce ~" in text
 
 
 def test_a_prediction_read_back_from_json_keeps_its_link(zoo: Path) -> None:
