@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 from gateway.placement.inventory import GPU, LinkKind
 
-Interconnect = LinkKind
-
 NVLINK_LATENCY_S = 27.2e-6
 """One all-reduce per extra GPU over NVLink: TurboMind tp 2 on two H200s spent 1.77 ms more per step than tp 1
 beyond its halved reads, over 64 all-reduces of one token's hidden state (8 KiB, so bandwidth is no part of it;
@@ -47,7 +45,7 @@ memory and each byte crosses PCIe twice: half the switch figure. Derived, unmeas
 class Link:
     """The all-reduce cost of one interconnect: latency per all-reduce per extra GPU, ring bus bandwidth."""
 
-    kind: Interconnect
+    kind: LinkKind
     label: str
     latency_s: float
     bus_bytes_s: float
@@ -59,7 +57,7 @@ class Link:
         return (tp - 1) * self.latency_s + 2 * (tp - 1) / tp * message_bytes / self.bus_bytes_s
 
 
-def link_for(kind: Interconnect, compute_capability: tuple[int, int]) -> Link:
+def link_for(kind: LinkKind, compute_capability: tuple[int, int]) -> Link:
     """The all-reduce figures of `kind` between GPUs of this compute capability."""
     if kind == "nvlink":
         major = min(max(compute_capability[0], 7), 9)
@@ -74,7 +72,7 @@ MEASURED_NVLINK = link_for("nvlink", (9, 0))
 """What a workload built without its GPUs (tp 1, or a test of the H200 calibration) is charged."""
 
 
-def interconnect_of(gpus: Sequence[GPU]) -> Interconnect:
+def interconnect_of(gpus: Sequence[GPU]) -> LinkKind:
     """NVLink when the set's NVLink links join every GPU of it (NCCL rings over them, as on a DGX-1's hybrid
     cube-mesh where not every pair is linked); else PCIe through a switch when every pair meets below one;
     else PCIe through the CPU. Meant for two GPUs or more (one GPU all-reduces nothing)."""

@@ -89,6 +89,8 @@ REQUEST_OVERHEAD_S = 12.5e-3
 """What a request spends outside prefill before its first token reaches the client: HTTP through the gateway
 and the worker, chat template and tokenisation, the first SSE chunk. The intercept of TTFT against the tokens
 prefilled (1 and 8 prompts at once) for TurboMind, llama.cpp F16 and Q8_0 on the H200 host: 12.3-13.3 ms."""
+PREFILL_BATCH_TOKENS = 512
+"""Tokens per prefill batch (llama.cpp's n_batch default and TurboMind's), as prefill and its all-reduces count it."""
 HOST_BANDWIDTH = 32e9
 """Host memory read by llama.cpp's CPU layers: 32 GB/s on the H200 host, 8 threads (Q4_K_M with 10 of 32
 layers on the CPU, one stream: 45 ms a step, 41.5 of them on the CPU for 1.34 GB; bench/results/
@@ -305,7 +307,7 @@ def allreduce_note(work: Workload, sessions: int) -> str | None:
     """`tp 2 over PCIe through the CPU: all-reduce 2.3 ms per step at 1 stream, ...`; None at tp 1."""
     if work.tp <= 1:
         return None
-    batch = 512  # llama.cpp's and TurboMind's prefill batch, as prefill_seconds counts it
+    batch = PREFILL_BATCH_TOKENS
     text = (
         f"tp {work.tp} over {work.tp_link.label}: all-reduce ~{work.allreduce_s(1) * 1e3:.2f} ms per step at 1 stream"
     )
@@ -344,7 +346,7 @@ def prefill_flops(work: Workload, gpu: GPUSpec) -> float:
 
 def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
     """One prompt of `tokens` on an idle deployment (in 512-token batches)."""
-    batches = math.ceil(tokens / 512)
+    batches = math.ceil(tokens / PREFILL_BATCH_TOKENS)
     params = work.gpu_params + work.host_params  # a token computes only its active experts:
     weights = work.gpu_weight_bytes + work.host_weight_bytes
     params *= 1 - (1 - work.expert_share) * (work.gpu_expert_bytes + work.host_expert_bytes) / max(weights, 1)
