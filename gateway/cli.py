@@ -43,7 +43,8 @@ GpusOption = Annotated[
     typer.Option(
         "--gpus",
         help="GPU inventory: 'auto' (NVML), 'none', or simulated like 'v100-16gb', '2xv100-16gb', "
-        "'v100-32gb', 'name:memory_gib:capability' \\[env: VOLTGATE_GPUS]",
+        "'4xv100-32gb-pcie' (-sxm2: NVLink, the default; -pcie: through the CPU; -pcie-switch), "
+        "'name:memory_gib:capability[:nvlink|pcie|pcie-switch]' \\[env: VOLTGATE_GPUS]",
     ),
 ]
 

@@ -182,9 +182,13 @@ def phases_from_log(text: str) -> list[Phase]:
             side: Side = "A" if head["side"] == "A" else "B"
             phases.append(Phase(head["pair"], side, head["label"], len(phases), ()))
         elif (level := _LEVEL.match(line.strip())) is not None and phases and level["pair"] == phases[-1].pair:
-            number = lambda v: None if v == "-" else float(v.replace(",", ""))  # noqa: E731
-            measure = LevelMeasure(int(level["c"]), number(level["tok"]), number(level["ttft"]), int(level["ok"]),
+            measure = LevelMeasure(int(level["c"]), _number(level["tok"]), _number(level["ttft"]), int(level["ok"]),
                                    int(level["n"]))  # fmt: skip
             last = phases[-1]
             phases[-1] = Phase(last.pair, last.side, last.label, last.order, (*last.levels, measure))
     return [p for p in phases if p.levels]
+
+
+def _number(value: str) -> float | None:
+    """A printed figure (`1,234.5`), or None for `-` (nothing measured)."""
+    return None if value == "-" else float(value.replace(",", ""))

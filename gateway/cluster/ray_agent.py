@@ -29,6 +29,10 @@ NAMESPACE = "voltgate"
 RESOURCE_PREFIX = "voltgate_host:"
 
 
+CALL_TIMEOUT_S = 30.0
+"""A call on an agent with no answer this long: the host is lost (`server.host_silence_s`, whose default it is)."""
+
+
 def host_resource(host: str) -> str:
     """The custom resource a host declares (amount 1) so its agent lands on it."""
     return RESOURCE_PREFIX + host
@@ -63,7 +67,7 @@ class _AgentActor:
 class RayHostAgent:
     """The gateway's handle to one host's agent actor (a `gateway.cluster.agent.HostAgent`)."""
 
-    def __init__(self, host: str, actor: Any, call_timeout_s: float = 30.0) -> None:
+    def __init__(self, host: str, actor: Any, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.host = host
         self._actor = actor
         self._call_timeout_s = call_timeout_s
@@ -111,7 +115,7 @@ def agent_name(host: str, node_id: str) -> str:
 
 def spawn_agent(
     host: str, node_id: str, *, bind_host: str, advertise: str | None = None, gpus: str = "auto",
-    detached: bool = False, call_timeout_s: float = 30.0,
+    detached: bool = False, call_timeout_s: float = CALL_TIMEOUT_S,
 ) -> RayHostAgent:  # fmt: skip
     """The agent of `host` on node `node_id` (started there unless it already runs, found by name in the
     `voltgate` namespace).

@@ -90,7 +90,7 @@ def host_gpus(raw: str | None = None) -> dict[str, str]:
 class RayDiscovery:
     """`Discover` over Ray: the alive nodes that declare `voltgate_host:<name>`, by node id."""
 
-    def __init__(self, gpus: Mapping[str, str], silence_s: float = 30.0) -> None:
+    def __init__(self, gpus: Mapping[str, str], silence_s: float) -> None:
         self._gpus = dict(gpus)
         self._silence_s = silence_s  # `server.host_silence_s`: each call on an agent is bounded by it
         self._nodes: dict[str, str] = {}  # host -> the node id its agent runs on

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from gateway.lifecycle.workers import Status, WorkerState
 
@@ -120,7 +121,7 @@ class Refuse:
     """The request (or admin call) gets an error now: the remembered failure's, or `reason`'s."""
 
     model: str
-    reason: str = "failed"  # "failed": the remembered failure with its Retry-After; "pinned": never unloaded
+    reason: Literal["failed", "pinned"] = "failed"  # the remembered failure (with its Retry-After); never unloaded
 
 
 @dataclass(frozen=True)

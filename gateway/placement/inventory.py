@@ -1,4 +1,5 @@
-"""The GPUs placement may use: read from NVML, or simulated from a layout string such as `2xv100-16gb`."""
+"""The GPUs placement may use and how they are linked: read from NVML (names, memory, NVLink and PCIe topology),
+or simulated from a layout string such as `2xv100-16gb` or `4xv100-32gb-pcie`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+LinkKind = Literal["nvlink", "pcie-switch", "pcie-host"]
+"""How two GPUs reach each other: NVLink, PCIe below a switch, or PCIe through the CPU (gateway/placement/
+interconnect.py turns a GPU set's links into an all-reduce cost)."""
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -16,12 +21,26 @@ GIB = 1 << 30
 _V100_16GB_MIB = 16_160
 _V100_32GB_MIB = 32_510
 
-# Named layouts: name -> (GPU name, memory MiB, compute capability).
-_NAMED_GPUS: dict[str, tuple[str, int, tuple[int, int]]] = {
-    "v100-16gb": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0)),
-    "v100-32gb": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0)),
+# Named layouts: name -> (GPU name, memory MiB, compute capability, link). Without a suffix a V100 is the SXM2
+# board (NVLink), as these names meant before links were modelled (docs/hardware.md says why).
+_NAMED_GPUS: dict[str, tuple[str, int, tuple[int, int], LinkKind]] = {
+    "v100-16gb": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0), "nvlink"),
+    "v100-32gb": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0), "nvlink"),
+    "v100-16gb-sxm2": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0), "nvlink"),
+    "v100-32gb-sxm2": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0), "nvlink"),
+    "v100-16gb-pcie": ("Tesla V100-PCIE-16GB", _V100_16GB_MIB, (7, 0), "pcie-host"),
+    "v100-32gb-pcie": ("Tesla V100-PCIE-32GB", _V100_32GB_MIB, (7, 0), "pcie-host"),
+    "v100-16gb-pcie-switch": ("Tesla V100-PCIE-16GB", _V100_16GB_MIB, (7, 0), "pcie-switch"),
+    "v100-32gb-pcie-switch": ("Tesla V100-PCIE-32GB", _V100_32GB_MIB, (7, 0), "pcie-switch"),
 }
+_LINK_WORDS: dict[str, LinkKind] = {"nvlink": "nvlink", "pcie": "pcie-host", "pcie-switch": "pcie-switch"}
+"""The optional fourth field of `name:memory_gib:capability:link`."""
 _COUNT = re.compile(r"^(\d+)\s*x\s*(.+)$", re.IGNORECASE)
+# NVML's enum values (nvml.h): the NVLink index of nvmlDeviceGetP2PStatus, its OK status, and the deepest
+# nvmlDeviceGetTopologyCommonAncestor level that stays below the CPU (MULTIPLE: several PCIe switches).
+_P2P_CAPS_INDEX_NVLINK = 2
+_P2P_STATUS_OK = 0
+_TOPOLOGY_MULTIPLE = 20
 
 
 class InventoryError(Exception):
@@ -41,6 +60,10 @@ class GPU(BaseModel):
     free_bytes: int = Field(ge=0)
     compute_capability: tuple[int, int]
     simulated: bool = False
+    nvlink_peers: tuple[int, ...] = Field(default=(), description="GPUs this one reaches over NVLink")
+    switch_peers: tuple[int, ...] = Field(
+        default=(), description="GPUs this one reaches over PCIe below a switch, without the CPU"
+    )
 
     @property
     def supports_bf16(self) -> bool:
@@ -55,7 +78,12 @@ class GPU(BaseModel):
     def describe(self) -> str:
         cc = ".".join(map(str, self.compute_capability))
         free, total = self.free_bytes / GIB, self.total_bytes / GIB
-        return f"GPU {self.index} {self.name} ({free:.1f} of {total:.1f} GiB free, sm{cc})"
+        links = "".join(
+            f", {label} to {','.join(map(str, peers))}"
+            for label, peers in (("NVLink", self.nvlink_peers), ("PCIe switch", self.switch_peers))
+            if peers
+        )
+        return f"GPU {self.index} {self.name} ({free:.1f} of {total:.1f} GiB free, sm{cc}{links})"
 
 
 class Inventory(BaseModel):
@@ -71,8 +99,11 @@ class Inventory(BaseModel):
 
 def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
     """`auto` reads NVML (no driver means no GPUs, never an error); `none` is no GPUs; anything else is a
-    simulated layout: `v100-16gb`, `2xv100-16gb`, `v100-32gb`, `name:memory_gib:capability` (for example
-    `a10:24:8.6`), or a comma-separated mix of those (`v100-32gb,2xv100-16gb`).
+    simulated layout: `v100-16gb`, `2xv100-16gb`, `v100-32gb`, with `-sxm2` (NVLink, the default), `-pcie`
+    (PCIe through the CPU) or `-pcie-switch` (PCIe below a switch) after the size, `name:memory_gib:capability`
+    with an optional `:nvlink`/`:pcie`/`:pcie-switch` (for example `a10:24:8.6:pcie`, PCIe when left out), or
+    a comma-separated mix of those (`v100-32gb,2xv100-16gb`). The GPUs of one entry are linked as it says;
+    GPUs of different entries only through the CPU.
 
     Raises `InventoryError` for a layout it cannot read.
     """
@@ -91,16 +122,20 @@ def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
             count, kind = int(match.group(1)), match.group(2).strip()
             if not 1 <= count <= 16:
                 raise InventoryError(f"GPU layout {part!r}: count must be 1-16")
-        name, mib, capability = _parse_kind(kind, spec)
-        for _ in range(count):
+        name, mib, capability, link = _parse_kind(kind, spec)
+        group = tuple(range(len(gpus), len(gpus) + count))
+        for index in group:
+            peers = tuple(i for i in group if i != index)
             gpus.append(
                 GPU(
-                    index=len(gpus),
+                    index=index,
                     name=name,
                     total_bytes=mib * MIB,
                     free_bytes=mib * MIB,
                     compute_capability=capability,
                     simulated=True,
+                    nvlink_peers=peers if link == "nvlink" else (),
+                    switch_peers=peers if link == "pcie-switch" else (),
                 )
             )
     return Inventory(gpus=tuple(gpus), source="simulated")
@@ -113,16 +148,17 @@ def check_layout(spec: str) -> None:
         inventory_from_spec(spec)
 
 
-def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int]]:
+def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int], LinkKind]:
     named = _NAMED_GPUS.get(kind.lower())
     if named is not None:
         return named
     fields = kind.split(":")
-    if len(fields) != 3:
+    link_word = fields.pop().strip().lower() if len(fields) == 4 else "pcie"
+    if len(fields) != 3 or link_word not in _LINK_WORDS:
         known = ", ".join(sorted(_NAMED_GPUS))
         raise InventoryError(
-            f"GPU layout {spec!r}: cannot read {kind!r}; use auto, none, {known}, "
-            "NxLAYOUT (2xv100-16gb) or name:memory_gib:capability (a10:24:8.6)"
+            f"GPU layout {spec!r}: cannot read {kind!r}; use auto, none, {known}, NxLAYOUT (2xv100-16gb) or "
+            "name:memory_gib:capability[:nvlink|pcie|pcie-switch] (a10:24:8.6)"
         )
     name, memory, capability = (f.strip() for f in fields)
     try:
@@ -135,7 +171,7 @@ def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int]]:
         ) from None
     if mib <= 0 or not name:
         raise InventoryError(f"GPU layout {spec!r}: {kind!r} needs a name and a positive memory size")
-    return name, mib, cc
+    return name, mib, cc, _LINK_WORDS[link_word]
 
 
 def inventory_from_nvml(nvml: Any = None) -> Inventory:
@@ -153,7 +189,7 @@ def inventory_from_nvml(nvml: Any = None) -> Inventory:
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: all mean "no GPUs here"
         return Inventory(source="none", host_memory_bytes=host, note=f"NVML unavailable: {exc}")
     try:
-        gpus = tuple(_read_device(nvml, i) for i in range(nvml.nvmlDeviceGetCount()))
+        gpus = _with_links(nvml, [_read_device(nvml, i) for i in range(nvml.nvmlDeviceGetCount())])
     except Exception as exc:
         return Inventory(source="none", host_memory_bytes=host, note=f"NVML failed while listing GPUs: {exc}")
     finally:
@@ -173,6 +209,43 @@ def _read_device(nvml: Any, index: int) -> GPU:
         free_bytes=int(memory.free),
         compute_capability=(int(major), int(minor)),
     )
+
+
+def _with_links(nvml: Any, gpus: list[GPU]) -> tuple[GPU, ...]:
+    """The GPUs with their NVLink and PCIe-switch peers. A pair NVML cannot answer for counts as PCIe through
+    the CPU, the slowest link: topology is a speed input, never a reason to lose the inventory."""
+    handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
+    nvlink: dict[int, list[int]] = {g.index: [] for g in gpus}
+    switch: dict[int, list[int]] = {g.index: [] for g in gpus}
+    for a, first in enumerate(gpus):
+        for b in range(a + 1, len(gpus)):
+            second = gpus[b]
+            kind = _pair_link(nvml, handles[a], handles[b], (first.name, second.name))
+            peers = nvlink if kind == "nvlink" else switch if kind == "pcie-switch" else None
+            if peers is not None:
+                peers[first.index].append(second.index)
+                peers[second.index].append(first.index)
+    return tuple(
+        g.model_copy(update={"nvlink_peers": tuple(nvlink[g.index]), "switch_peers": tuple(switch[g.index])})
+        for g in gpus
+    )
+
+
+def _pair_link(nvml: Any, a: object, b: object, names: tuple[str, str]) -> LinkKind:
+    """NVLink when NVML reports NVLink peer-to-peer between the two (NVSwitch systems included); where the
+    driver cannot say, two SXM boards (V100-SXM2, A100-SXM4) count as NVLinked, as they are in DGX/HGX
+    systems. Otherwise the PCIe path: below a switch (PIX/PXB) or through the CPU (PHB, NODE, SYS)."""
+    try:
+        if nvml.nvmlDeviceGetP2PStatus(a, b, _P2P_CAPS_INDEX_NVLINK) == _P2P_STATUS_OK:
+            return "nvlink"
+    except Exception:  # NVMLError_NotSupported on drivers or boards without the query
+        if all("sxm" in name.lower() for name in names):
+            return "nvlink"
+    try:
+        level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(a, b))
+    except Exception:  # not supported (non-Linux, vGPU): assume the slow path
+        return "pcie-host"
+    return "pcie-switch" if level <= _TOPOLOGY_MULTIPLE else "pcie-host"
 
 
 def _text(value: str | bytes) -> str:

@@ -6,8 +6,9 @@ arithmetic only catches up at large batch, so per GPU
     step = fixed + extra sessions x per_session + max(bytes read / (COPY_EFFICIENCY x bandwidth),
                                                       2 x params x sessions / (FP16 tensor FLOPS x DECODE_MFU))
 
-plus, with tensor parallelism, two all-reduces per layer (TP_ALLREDUCE_S each, per extra GPU), and, for
-layers llama.cpp leaves on the CPU, their bytes at HOST_BANDWIDTH or their arithmetic at CPU speed,
+plus, with tensor parallelism, two all-reduces per layer of the step's hidden states, priced by the
+interconnect of the GPUs (NVLink or PCIe, `gateway/placement/interconnect.py`), and, for layers llama.cpp
+leaves on the CPU, their bytes at HOST_BANDWIDTH or their arithmetic at CPU speed,
 whichever is slower. Prefill is compute-bound: 2 x params x tokens at PREFILL_MFU of the FP16 tensor FLOPS
 (llama.cpp's quantised kernels at most QUANT_PREFILL_CEILING_FLOPS), plus, for layers left on the CPU, a copy
 of their weights to the GPU per 512-token batch of each prompt. Time to first token is REQUEST_OVERHEAD_S plus
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +36,7 @@ from backends.base import DeploymentPlan, EngineName
 from gateway.config import SpeedMetric
 from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, experts_on_host, kv_element_bytes
 from gateway.placement.inspection import SourceInfo
+from gateway.placement.interconnect import MEASURED_NVLINK, Link, allreduce_step_s, interconnect_of, link_for
 from gateway.placement.inventory import GPU
 
 
@@ -87,10 +89,8 @@ REQUEST_OVERHEAD_S = 12.5e-3
 """What a request spends outside prefill before its first token reaches the client: HTTP through the gateway
 and the worker, chat template and tokenisation, the first SSE chunk. The intercept of TTFT against the tokens
 prefilled (1 and 8 prompts at once) for TurboMind, llama.cpp F16 and Q8_0 on the H200 host: 12.3-13.3 ms."""
-TP_ALLREDUCE_S = 27.2e-6
-"""One all-reduce per extra GPU: TurboMind tp 2 on two H200s (NVLink) spent 1.77 ms more per step than tp 1
-beyond its halved reads, over 64 all-reduces (turbomind/loadgen_2xv100-16gb.json vs loadgen_v100-32gb.json).
-PCIe-only V100s are slower; unmeasured."""
+PREFILL_BATCH_TOKENS = 512
+"""Tokens per prefill batch (llama.cpp's n_batch default and TurboMind's), as prefill and its all-reduces count it."""
 HOST_BANDWIDTH = 32e9
 """Host memory read by llama.cpp's CPU layers: 32 GB/s on the H200 host, 8 threads (Q4_K_M with 10 of 32
 layers on the CPU, one stream: 45 ms a step, 41.5 of them on the CPU for 1.34 GB; bench/results/
@@ -184,6 +184,18 @@ class Workload:
     """The share of the routed experts one token reads (active / all)."""
     gpu_state_bytes_per_session: float = 0.0
     """A hybrid model's recurrent state on the GPU, read and written once a step for each session."""
+    hidden_size: int = 0
+    """Of the model: a tensor-parallel all-reduce carries hidden_size FP16 values per token."""
+    link: Link | None = None
+    """The interconnect of a tensor-parallel set (None: not known, charged as the measured NVLink)."""
+
+    @property
+    def tp_link(self) -> Link:
+        return self.link or MEASURED_NVLINK
+
+    def allreduce_s(self, tokens: float) -> float:
+        """The tensor-parallel all-reduces of one forward pass over `tokens` tokens (0 at tp 1)."""
+        return allreduce_step_s(self.tp_link, self.tp, self.n_layers, self.hidden_size, tokens)
 
     def read_share(self, sessions: float) -> float:
         """The share of the routed experts a step of `sessions` tokens reads (uniform routing: each expert is
@@ -212,6 +224,12 @@ class PredictionInputs(BaseModel):
                 f"a step reads {w.gpu_weight_bytes / 1e9:.2f} GB of weights"
                 + (f" per GPU (tp {w.tp})" if w.tp > 1 else "")
                 + f" + {w.gpu_kv_bytes_per_token / 2**10:,.0f} KiB of KV per session token"
+            )
+        if w.tp > 1:
+            link = w.tp_link
+            parts.append(
+                f"all-reduce over {link.label} {link.latency_s * 1e6:.1f} us per extra GPU + "
+                f"{link.bus_bytes_s / 1e9:g} GB/s bus, {w.hidden_size * 2:,} bytes per token"
             )
         if w.host_weight_bytes:
             parts.append(
@@ -267,7 +285,8 @@ class Prediction(BaseModel):
         if self.sessions > 1:
             ttft += f" ({self.ttft_burst_s:.2f} s for the last of {self.sessions} arriving at once)"
         parts.append(ttft)
-        return "; ".join(parts)
+        tp = allreduce_note(self.inputs.workload, self.sessions)
+        return "; ".join(parts + ([tp] if tp else []))
 
     def per_stream_at(self, sessions: float, context: int) -> float:
         """Decode tokens/s of each of `sessions` streams (a mean may be fractional) of `context` tokens each."""
@@ -284,6 +303,19 @@ class Prediction(BaseModel):
         return self.inputs.request_overhead_s + (ahead + 1) * prefill
 
 
+def allreduce_note(work: Workload, sessions: int) -> str | None:
+    """`tp 2 over PCIe through the CPU: all-reduce 2.3 ms per step at 1 stream, ...`; None at tp 1."""
+    if work.tp <= 1:
+        return None
+    batch = PREFILL_BATCH_TOKENS
+    text = (
+        f"tp {work.tp} over {work.tp_link.label}: all-reduce ~{work.allreduce_s(1) * 1e3:.2f} ms per step at 1 stream"
+    )
+    if sessions > 1:
+        text += f", ~{work.allreduce_s(sessions) * 1e3:.2f} ms at {sessions}"
+    return text + f", ~{work.allreduce_s(batch) * 1e3:.1f} ms per {batch}-token prefill batch"
+
+
 def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: int) -> float:
     """One decode step with `sessions` sessions at `context` tokens each."""
     step = work.step.seconds(sessions)
@@ -295,7 +327,7 @@ def step_seconds(work: Workload, gpu: GPUSpec | None, sessions: float, context: 
         memory = read / (COPY_EFFICIENCY * gpu.bandwidth_bytes_s)
         params = work.gpu_params * (1 - active * work.gpu_expert_bytes / work.gpu_weight_bytes)
         compute = 2 * params * sessions / (gpu.fp16_tflops * 1e12 * DECODE_MFU)
-        step += max(memory, compute) + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1)
+        step += max(memory, compute) + work.allreduce_s(sessions)
     if work.host_weight_bytes:
         read = (
             work.host_weight_bytes - work.host_expert_bytes * unread + sessions * context * work.host_kv_bytes_per_token
@@ -314,14 +346,14 @@ def prefill_flops(work: Workload, gpu: GPUSpec) -> float:
 
 def prefill_seconds(work: Workload, gpu: GPUSpec | None, tokens: int) -> float:
     """One prompt of `tokens` on an idle deployment (in 512-token batches)."""
-    batches = math.ceil(tokens / 512)
+    batches = math.ceil(tokens / PREFILL_BATCH_TOKENS)
     params = work.gpu_params + work.host_params  # a token computes only its active experts:
     weights = work.gpu_weight_bytes + work.host_weight_bytes
     params *= 1 - (1 - work.expert_share) * (work.gpu_expert_bytes + work.host_expert_bytes) / max(weights, 1)
     if gpu is None:
         return batches * work.step.fixed_s + 2 * params * tokens / (work.host_threads * CPU_PREFILL_FLOPS_PER_THREAD)
     flops = prefill_flops(work, gpu)
-    seconds = batches * (work.step.fixed_s + 2 * work.n_layers * TP_ALLREDUCE_S * (work.tp - 1))
+    seconds = batches * (work.step.fixed_s + work.allreduce_s(tokens / batches))
     seconds += 2 * params * tokens / flops  # CPU layers' matmuls run on the GPU
     return seconds + batches * work.host_weight_bytes / PCIE_BANDWIDTH
 
@@ -382,7 +414,10 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         read = (sum(source.layer_bytes) + head) / plan.tp
         kv_token = shape.kv_bytes_per_token(kv_element_bytes(plan.quant_policy, shape.head_dim)) / plan.tp
         step = STEP_COSTS["turbomind"]
-        return Workload("turbomind", step, shape.n_layers, read, kv_token, read * params_per_byte, tp=plan.tp)
+        params = read * params_per_byte
+        return Workload(
+            "turbomind", step, shape.n_layers, read, kv_token, params, tp=plan.tp, hidden_size=shape.hidden_size
+        )
     n = shape.n_layers
     full = plan.n_gpu_layers < 0 or plan.n_gpu_layers > n
     first = 0 if full else n - plan.n_gpu_layers
@@ -420,7 +455,11 @@ def predict_plan(
     """The prediction for a plan on these GPUs (the slowest of them bounds a tensor-parallel or split plan):
     `concurrency` sessions, at most `capacity` at once."""
     work = workload_for(plan, source, host_threads=host_threads)
-    used = [gpu_spec(g.name) for g in gpus if g.index in plan.gpu_indices] if work.gpu_weight_bytes else []
+    mine = [g for g in gpus if g.index in plan.gpu_indices]
+    if work.tp > 1 and mine:
+        link = link_for(interconnect_of(mine), min(g.compute_capability for g in mine))
+        work = replace(work, link=link)
+    used = [gpu_spec(g.name) for g in mine] if work.gpu_weight_bytes else []
     slowest = min(used, key=lambda s: s.bandwidth_bytes_s) if used else None
     sessions = min(concurrency, capacity)
     return predict(work, slowest, context=plan.context_tokens, sessions=sessions, capacity=capacity)

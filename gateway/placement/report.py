@@ -127,7 +127,11 @@ def _inventory_line(inventory: Inventory) -> str:
         return f"no GPUs{why}: models run on the CPU"
     parts = [gpu.describe() for gpu in inventory.gpus]
     kind = "simulated" if inventory.source == "simulated" else "NVML"
-    return f"{kind}: " + "; ".join(parts)
+    unlinked = any(
+        b.index not in a.nvlink_peers + a.switch_peers for a in inventory.gpus for b in inventory.gpus if a is not b
+    )
+    rest = "; pairs not listed: PCIe through the CPU" if unlinked else ""
+    return f"{kind}: " + "; ".join(parts) + rest
 
 
 def precision_label(plan: DeploymentPlan) -> str:

@@ -31,6 +31,7 @@ import socketio  # type: ignore[import-not-found]
 
 TIMEOUT_S = 240.0
 TASKS_TIMEOUT_S = 30.0  # the test itself waits for the task requests in the proxy log
+TEXT_PROMPT = "Explain in two sentences why the sky is blue."  # the message without `--image`
 FEATURES = {"voice": False, "image_generation": False, "code_interpreter": False, "web_search": False}
 
 
@@ -199,7 +200,7 @@ async def _one_text_message(
     client: httpx.AsyncClient, events: Events, model: dict[str, Any], sid: str, tools: bool
 ) -> dict[str, Any]:
     """A new chat with one text message (no `--image`): the answer and the chat as Open WebUI stored it."""
-    first = user_message("Say hello in one sentence.", [], None, model["id"])
+    first = user_message(TEXT_PROMPT, [], None, model["id"])
     answer_id = str(uuid.uuid4())
     text_turn = await send(client, events, completion_body(model, sid, first, answer_id, None, tools))
     chat_id = next(e["chat_id"] for e in events.log if e.get("message_id") == answer_id)

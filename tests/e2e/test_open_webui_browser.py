@@ -50,6 +50,7 @@ pytestmark = [
 ]  # fmt: skip
 
 PROMPT = "Describe the picture."
+THINKING_PROMPT = "Explain in two sentences why the sky is blue."  # greedy SmolLM2 thinks to its budget, then answers
 UI_WAIT_S = 60.0
 ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))
 TASKS_TIMEOUT_S = 180
@@ -352,27 +353,25 @@ def test_a_thinking_models_thought_shows_in_open_webuis_page_apart_from_its_answ
         function_calling_legacy(page)
         box = page.one("#chat-input", "the chat box")
         box.click()
-        box.send_keys("Say hello in one sentence.")
+        box.send_keys(THINKING_PROMPT)
         page.wait(lambda: page.css("#send-message-button:enabled"), "the Send button enabled").pop().click()
         shown, _ = answer_when_done(page, ANSWER_TIMEOUT_S)
-        thought = [e.text for e in page.css(".chat-assistant *") if e.text.strip().startswith("Thought for")]
         html = page.css(".chat-assistant")[0].get_attribute("innerHTML")
         driver.save_screenshot(str(tmp_path / "open-webui-thinking.png"))
         if keep := os.environ.get("VOLTGATE_OPENWEBUI_THINKING_SCREENSHOT"):
             shutil.copyfile(tmp_path / "open-webui-thinking.png", keep)
     (exchange,) = [e for e in chat_requests(recording[1]) if e["body"]["model"] == THINKING and e["body"]["stream"]
-                   and e["body"]["messages"][-1]["content"] == "Say hello in one sentence."]  # fmt: skip
+                   and e["body"]["messages"][-1]["content"] == THINKING_PROMPT]  # fmt: skip
     assert exchange["status"] == 200 and exchange["body"]["stream"] is True
     deltas = [choice.get("delta", {}) for chunk in streamed_chunks_of(exchange) for choice in chunk["choices"]]
     thinking = "".join(d.get("reasoning_content") or "" for d in deltas)
     answer = streamed_text(exchange)
     assert thinking.strip() and answer.strip(), deltas
-    assert thought, f"no 'Thought for ...' block in the page: {html[:3000]}"
     assert "<think>" not in html and "</think>" not in html, html[:3000]
     # The message shows the block's header, then the answer as markdown (a leading "1." becomes a list's number).
     rendered = words(re.sub(r"(?m)^\s*\d+\.\s", "", answer))
     assert shown.startswith("Thought for") and words(shown)[-len(rendered) :] == rendered, (shown, answer)
-    print("\n" + json.dumps({"thought_block": thought[0], "shown": shown, "streamed_answer": answer,
+    print("\n" + json.dumps({"shown": shown, "streamed_answer": answer,
                               "streamed_thinking": thinking}, indent=1))  # fmt: skip
 
 

@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.openwebui]
 
 ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))
 TAGS = ("<think>", "</think>")
+PROMPT = "Explain in two sentences why the sky is blue."  # the driver's TEXT_PROMPT (runs under Open WebUI's Python)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +94,12 @@ def test_open_webui_shows_the_thinking_as_its_reasoning_block_and_the_answer_apa
     saved = [item.get("type") for item in result["stored_output"] or []]
     assert "reasoning" in saved and saved.index("reasoning") < saved.index("message"), result["stored_output"]
 
-    (chat,) = [e for e in chat_requests(recording[1]) if e["body"]["model"] == THINKING][:1]
-    assert chat["status"] == 200 and chat["body"]["stream"] is True
+    (chat,) = [
+        e
+        for e in chat_requests(recording[1])
+        if e["body"]["model"] == THINKING and e["body"]["stream"] and e["body"]["messages"][-1]["content"] == PROMPT
+    ]  # the message (not its title and tags tasks)
+    assert chat["status"] == 200
     deltas = [choice.get("delta", {}) for event in chat["response"] if isinstance(event.get("data"), dict)
               for choice in event["data"].get("choices", [])]  # fmt: skip
     assert any(d.get("reasoning_content") for d in deltas), deltas[:5]  # what Open WebUI read the thinking from

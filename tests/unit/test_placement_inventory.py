@@ -1,12 +1,15 @@
-"""GPU inventory: simulated layouts, NVML through a fake, and no NVML meaning no GPUs."""
+"""GPU inventory: simulated layouts and their links, NVML (with its NVLink/PCIe topology) through a fake, and
+no NVML meaning no GPUs."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 
 from gateway.placement import GPU, Inventory, InventoryError, inventory_from_nvml, inventory_from_spec
+from gateway.placement.interconnect import interconnect_of
 
 MIB = 1 << 20
 
@@ -38,6 +41,31 @@ def test_mixed_layout_keeps_order_and_indices() -> None:
     assert inventory.gpus[1].kind == inventory.gpus[2].kind != inventory.gpus[0].kind
 
 
+@pytest.mark.parametrize(
+    ("spec", "name", "link"),
+    [
+        ("2xv100-32gb", "Tesla V100-SXM2-32GB", "nvlink"),  # the default: the SXM2 board, as before links
+        ("2xv100-16gb-sxm2", "Tesla V100-SXM2-16GB", "nvlink"),
+        ("4xv100-16gb-pcie", "Tesla V100-PCIE-16GB", "pcie-host"),
+        ("4xV100-32GB-PCIE", "Tesla V100-PCIE-32GB", "pcie-host"),
+        ("2xv100-32gb-pcie-switch", "Tesla V100-PCIE-32GB", "pcie-switch"),
+        ("2xa10:24:8.6", "a10", "pcie-host"),  # a named GPU without a link word: PCIe through the CPU
+        ("2xa100:80:8.0:nvlink", "a100", "nvlink"),
+        ("2xa10:24:8.6:pcie-switch", "a10", "pcie-switch"),
+    ],
+)
+def test_a_layout_says_how_its_gpus_are_linked(spec: str, name: str, link: str) -> None:
+    gpus = inventory_from_spec(spec).gpus
+    assert {g.name for g in gpus} == {name}
+    assert interconnect_of(gpus) == link
+
+
+def test_gpus_of_different_entries_meet_only_through_the_cpu() -> None:
+    gpus = inventory_from_spec("2xv100-32gb,2xv100-32gb").gpus
+    assert [g.nvlink_peers for g in gpus] == [(1,), (0,), (3,), (2,)]
+    assert interconnect_of(gpus[:2]) == "nvlink" and interconnect_of(gpus) == "pcie-host"
+
+
 def test_volta_has_no_bf16() -> None:
     v100, a10 = inventory_from_spec("v100-16gb,a10:24:8.6").gpus
     assert not v100.supports_bf16
@@ -60,6 +88,8 @@ def test_none_is_an_empty_inventory(spec: str) -> None:
         ("a10:24", "cannot read"),
         ("0xv100-16gb", "count must be 1-16"),
         ("a10:0:8.6", "positive memory"),
+        ("a10:24:8.6:infiniband", "nvlink|pcie|pcie-switch"),
+        ("v100-16gb-nvswitch", "cannot read"),
     ],
 )
 def test_bad_layouts_name_the_bad_part(spec: str, message: str) -> None:
@@ -71,10 +101,18 @@ class FakeNVML:
     """Stands for the `pynvml` module: the calls `inventory_from_nvml` makes, answering for `gpus`, or
     raising `init_error` from nvmlInit like pynvml does without a driver."""
 
-    def __init__(self, gpus: list[dict[str, object]], init_error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        gpus: list[dict[str, object]],
+        init_error: Exception | None = None,
+        nvlink: set[frozenset[int]] | None = None,
+        levels: dict[frozenset[int], int] | None = None,
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.shut_down = False
+        self.nvlink = nvlink  # pairs with NVLink P2P; None: the driver does not answer (NVMLError_NotSupported)
+        self.levels = levels or {}  # nvmlGpuTopologyLevel_t per pair; missing: NotSupported
 
     def nvmlInit(self) -> None:
         if self.init_error:
@@ -101,6 +139,21 @@ class FakeNVML:
     def nvmlDeviceGetUUID(self, handle: dict[str, object]) -> str:
         return f"GPU-{handle['name']!s}"
 
+    def _pair(self, a: dict[str, object], b: dict[str, object]) -> frozenset[int]:
+        return frozenset(i for i, g in enumerate(self.gpus) if g is a or g is b)
+
+    def nvmlDeviceGetP2PStatus(self, a: dict[str, object], b: dict[str, object], index: int) -> int:
+        assert index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        if self.nvlink is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_P2P_STATUS_OK if self._pair(a, b) in self.nvlink else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: dict[str, object], b: dict[str, object]) -> int:
+        level = self.levels.get(self._pair(a, b))
+        if level is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return level
+
 
 def test_nvml_gpus_are_read_with_free_memory() -> None:
     nvml = FakeNVML(
@@ -118,9 +171,43 @@ def test_nvml_gpus_are_read_with_free_memory() -> None:
     assert nvml.shut_down
 
 
-def test_no_nvml_library_means_no_gpus_not_a_crash() -> None:
-    import pynvml
+def pcie(name: str) -> dict[str, object]:
+    return {"name": name, "total": 16_160 * MIB, "free": 16_000 * MIB}
 
+
+def test_nvml_topology_gives_nvlink_pcie_switch_and_cpu_peers() -> None:
+    """GPUs 0-1 NVLinked, 2-3 below one PCIe switch (PIX), 0 and 2 through the host bridge, the rest across
+    sockets."""
+    pair = frozenset
+    levels = {pair({0, 1}): pynvml.NVML_TOPOLOGY_INTERNAL, pair({2, 3}): pynvml.NVML_TOPOLOGY_SINGLE,
+              pair({0, 2}): pynvml.NVML_TOPOLOGY_HOSTBRIDGE}  # fmt: skip
+    levels |= {pair(p): pynvml.NVML_TOPOLOGY_SYSTEM for p in ({0, 3}, {1, 2}, {1, 3})}
+    nvml = FakeNVML([pcie("Tesla V100-PCIE-16GB") for _ in range(4)], nvlink={pair({0, 1})}, levels=levels)
+    gpus = inventory_from_nvml(nvml).gpus
+    assert [(g.nvlink_peers, g.switch_peers) for g in gpus] == [((1,), ()), ((0,), ()), ((), (3,)), ((), (2,))]
+    assert interconnect_of(gpus[:2]) == "nvlink"
+    assert interconnect_of(gpus[2:]) == "pcie-switch"
+    assert interconnect_of([gpus[0], gpus[2]]) == "pcie-host"
+    assert "NVLink to 1" in gpus[0].describe() and "PCIe switch to 3" in gpus[2].describe()
+
+
+def test_multiple_pcie_bridges_still_count_as_below_the_cpu() -> None:
+    levels = {frozenset({0, 1}): pynvml.NVML_TOPOLOGY_MULTIPLE}
+    gpus = inventory_from_nvml(FakeNVML([pcie("Tesla V100-PCIE-16GB")] * 2, nvlink=set(), levels=levels)).gpus
+    assert interconnect_of(gpus) == "pcie-switch"
+
+
+@pytest.mark.parametrize(
+    ("name", "link"), [("Tesla V100-SXM2-32GB", "nvlink"), ("Tesla V100-PCIE-32GB", "pcie-host")]
+)
+def test_without_topology_answers_the_board_name_decides(name: str, link: str) -> None:
+    """A driver that answers neither query: SXM2 boards are NVLinked (DGX/HGX), PCIe cards go through the CPU,
+    and the inventory is still read."""
+    gpus = inventory_from_nvml(FakeNVML([pcie(name), pcie(name)])).gpus
+    assert len(gpus) == 2 and interconnect_of(gpus) == link
+
+
+def test_no_nvml_library_means_no_gpus_not_a_crash() -> None:
     nvml = FakeNVML([], init_error=pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     inventory = inventory_from_nvml(nvml)
     assert inventory == Inventory(source="none", host_memory_bytes=inventory.host_memory_bytes, note=inventory.note)
