@@ -12,6 +12,7 @@ from typing import Literal
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
+from gateway.config_replicas import SEPARATOR, replica_of
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
@@ -33,6 +34,11 @@ class Deployment:
     idle_unload_s: float | None = None
     alias_patterns: tuple[str, ...] = ()  # config `alias_patterns`: globs of other names (`Registry.resolve`)
     reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
+
+    @property
+    def replica_of(self) -> str | None:
+        """The model this deployment is a replica of (`m` for `m@2`; None for a model or its first replica)."""
+        return replica_of(self.name)
 
     @property
     def policy(self) -> Policy:
@@ -102,6 +108,11 @@ class Registry:
             f"The model {model!r} does not exist or you do not have access to it. Available: {known}",
             param="model",
         )
+
+    def replicas(self, deployment: Deployment) -> list[Deployment]:
+        """`deployment` and the replicas of its model (`m@2`...: config `replicas`), in order."""
+        prefix = deployment.name + SEPARATOR
+        return [deployment, *(d for name, d in self.deployments.items() if name.startswith(prefix))]
 
     def __iter__(self) -> Iterator[Deployment]:
         return iter(self.deployments.values())
