@@ -399,7 +399,9 @@ def _targets(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, str], l
     return {cache: s.root_url for cache, s in served.items()}, list(served.values())
 
 
-def run_gpu(args: argparse.Namespace, spec: ReplaySpec, off_turns: Sequence[int], save: Callable[[SessionResult], None]) -> None:
+def run_gpu(
+    args: argparse.Namespace, spec: ReplaySpec, off_turns: Sequence[int], save: Callable[[SessionResult], None]
+) -> None:
     """The GPU mode: one gateway on the GPU at a time, so each sees the memory a V100 would give it alone. Every
     kind with caching on first (its requests kept), then the caching-off gateway replays those requests; one rep
     (on, then off: two engine starts, not one per kind)."""
