@@ -24,7 +24,8 @@
 #   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
 #                                a V100-32GB, session-gguf-7b*.yaml held to a V100-16GB), into out/<date>-session-replay-*
 #   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, held to 16 GB)
-# TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes.
+# TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
+# to start no llama.cpp build at all.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
 set -uo pipefail
 OUT=${1:?usage: run_regress.sh OUT [WAIT_S]}
@@ -65,6 +66,7 @@ step_setup() {
     || { stamp "setup lmdeploy FAILED"; tail -30 "$S/setup_lmdeploy.log"; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
+  [[ ${SKIP_LLAMA:-} == 1 ]] && { source "$G/env.sh"; return; }  # TurboMind steps only: no llama.cpp builds
   if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
     touch "$G/llama_build.started"
     setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" \
