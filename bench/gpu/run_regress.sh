@@ -124,7 +124,7 @@ step_bench() {  # $1: a name for the folder ('' for the default), then bench.gpu
 
 step_sessions() {  # $1: tm | gguf | llama-server
   local out=$S/out/$(date -u +%F)-session-replay-$1
-  local replay=(python3 -m bench.session_replay --out "$out" --model llama2-7b --turns 8 --max-tokens 32)
+  local replay=(python3 -m bench.session_replay --out "$out" --model llama2-7b --turns 8 --max-tokens 32 ${SESSION_ARGS:-})
   case $1 in
     tm) hold 32510; "${replay[@]}" --gpu --config bench/gpu/configs/session-tm-7b.yaml \
           --off-config bench/gpu/configs/session-tm-7b-off.yaml ;;
