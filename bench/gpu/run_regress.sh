@@ -92,10 +92,12 @@ EOS
   python3 -c "import lmdeploy, gateway.app; print('lmdeploy', lmdeploy.__version__)"
 }
 
-step_model() {
-  [[ -f $G/models/7b/made ]] && return
-  python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
-  tail -1 "$S/make_model_7b.log"
+step_model() {  # the random-weight 7B with a template that renders agents' tools (bench/gpu/agent_template.py)
+  if [[ ! -f $G/models/7b/made ]]; then
+    python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
+    tail -1 "$S/make_model_7b.log"
+  fi
+  python3 -m bench.gpu.agent_template "$G/models/7b"
 }
 
 step_gguf() {
