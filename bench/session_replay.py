@@ -10,7 +10,8 @@ out), TTFT, and TTFT of a one-turn prompt of the turn's new text alone; per sess
 Caching off: a second gateway with the worker's host prompt cache off (`prompt_cache_mib: 0`), and before each
 request every slot overwritten by short unrelated prompts (untimed), since the worker has no switch for prefix
 reuse in its slots. It replays the very requests the caching-on session sent (answers included), but only the
-turns `--off-turns` names, since each is a full prefill. The two modes alternate ABBA per session kind. The
+turns `--off-turns` names, since each is a full prefill. The two modes alternate ABBA per session kind; with
+`--gpu` one gateway runs at a time (on for every kind, then off: each sees a V100's memory alone). The
 goal it checks: from the second turn on, >= 90 % of each prompt from cache, and TTFT within 1.5x of the
 one-turn prompt of the new text.
 
@@ -394,14 +395,35 @@ def _parser() -> argparse.ArgumentParser:
 def _targets(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, str], list[Served]]:
     if args.base_url:
         return {"on": args.base_url.rstrip("/").removesuffix("/v1")}, []
-    if args.gpu:
-        if not args.config:
-            raise SystemExit("--gpu needs --config (and --off-config for the caching-off column)")
-        configs = {"on": args.config} | ({"off": args.off_config} if args.off_config else {})
-        served = start_config_gateways(configs, log_dir)
-    else:
-        served = start_cpu_gateways(log_dir, args.slots, args.threads)
+    served = start_cpu_gateways(log_dir, args.slots, args.threads)
     return {cache: s.root_url for cache, s in served.items()}, list(served.values())
+
+
+def run_gpu(
+    args: argparse.Namespace, spec: ReplaySpec, off_turns: Sequence[int], save: Callable[[SessionResult], None]
+) -> None:
+    """The GPU mode: one gateway on the GPU at a time, so each sees the memory a V100 would give it alone. Every
+    kind with caching on first (its requests kept), then the caching-off gateway replays those requests; one rep
+    (on, then off: two engine starts, not one per kind)."""
+    if not args.config:
+        raise SystemExit("--gpu needs --config (and --off-config for the caching-off column)")
+    sent: dict[str, list[Turn]] = {}
+    for cache, path in (("on", args.config), ("off", args.off_config)):
+        if path is None:
+            continue
+        served = start_config_gateways({cache: path}, args.out / "logs")[cache]
+        try:
+            for kind in args.kinds:
+                if cache == "on":
+                    result, sent[kind] = asyncio.run(run_session(served.root_url, kind, 0, spec))
+                elif sent.get(kind) and off_turns:
+                    result = asyncio.run(replay_uncached(served.root_url, kind, 0, sent[kind], off_turns, spec))
+                else:
+                    continue
+                save(result)
+                print("\n".join(session_table(result)) + "\n", file=sys.stderr, flush=True)
+        finally:
+            served.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -412,7 +434,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = ReplaySpec(args.turns, args.max_tokens, args.task_max_tokens, slots=args.slots, model=args.model,
                       volatile_billing=not args.stable_billing)  # fmt: skip
     meta = provenance.collect(notes="bench.session_replay")
-    targets, served = _targets(args, args.out / "logs")
     results: list[SessionResult] = []
     off_turns = sorted({min(t, args.turns) - 1 for t in args.off_turns})
 
@@ -420,6 +441,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(result)
         write_results(args.out, meta, spec, results)
 
+    if args.gpu:
+        run_gpu(args, spec, off_turns, save)
+        print("\n".join(goal_summary(results)))
+        return 0 if results and all(t.error is None for r in results for t in r.turns) else 1
+    targets, served = _targets(args, args.out / "logs")
     try:
         for kind in args.kinds:
             run_kind(targets, kind, args.reps, off_turns, spec, save)

@@ -17,6 +17,15 @@
 #            pair (bench/gpu/make_moe_gguf.py, tokenizer from the 7B GGUF), unless REGRESS_ARGS leaves it out
 #   bench    python3 -m bench.gpu.regress --out /tmp/regress/out/<date>-gpu-regress (it holds the GPU's memory
 #            to a V100's per pair with .gpu/hold_memory.py), then `done`
+# STEPS (default "setup model gguf server bench") picks and orders the detached run's steps:
+#   setup, model, gguf, server   the three parts above (gguf: the GGUF files; server: wait for llama-server's build)
+#   bench                        bench.gpu.regress with REGRESS_ARGS, into out/<date>-gpu-regress
+#   bench:P1,P2                  bench.gpu.regress --only P1 P2, into out/<date>-gpu-regress-P1
+#   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
+#                                a V100-32GB, session-gguf-7b*.yaml held to a V100-16GB), into out/<date>-session-replay-*
+#   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, held to 16 GB)
+# TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
+# to start no llama.cpp build at all.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
 set -uo pipefail
 OUT=${1:?usage: run_regress.sh OUT [WAIT_S]}
@@ -43,22 +52,29 @@ if [[ ${REGRESS_DETACHED:-} != 1 ]]; then
 fi
 
 stamp() { echo "== [$(date -u +%T) +${SECONDS}s] $*"; }
-stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+HOLD_PID=
+hold() {  # hold the GPU's memory to leave $1 MiB free (a V100's), until release
+  python3 .gpu/hold_memory.py --leave-free-mib "$1" > "$S/hold.log" 2>&1 &
+  HOLD_PID=$!
+  for _ in $(seq 1 120); do grep -q holding "$S/hold.log" && return 0; sleep 1; done
+  stamp "hold $1 MiB: no 'holding' line"; tail -3 "$S/hold.log"
+}
+release() { [[ -n $HOLD_PID ]] && kill "$HOLD_PID" && wait "$HOLD_PID" 2> /dev/null; HOLD_PID=; }
 
-stamp "setup"
-[[ -f $G/env.sh ]] || bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$S/setup_lmdeploy.log" 2>&1 \
-  || { stamp "setup lmdeploy FAILED"; tail -30 "$S/setup_lmdeploy.log"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
-mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
-if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
-  touch "$G/llama_build.started"
-  setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" \
-    > /dev/null 2>&1 < /dev/null &
-fi
-if [[ ! -f $G/server_build.rc && ! -f $G/server_build.started ]]; then
-  touch "$G/server_build.started"
-  cat > "$G/build_server.sh" << EOS
+step_setup() {
+  [[ -f $G/env.sh ]] || bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$S/setup_lmdeploy.log" 2>&1 \
+    || { stamp "setup lmdeploy FAILED"; tail -30 "$S/setup_lmdeploy.log"; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+  mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
+  [[ ${SKIP_LLAMA:-} == 1 ]] && { source "$G/env.sh"; return; }  # TurboMind steps only: no llama.cpp builds
+  if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
+    touch "$G/llama_build.started"
+    setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" \
+      > /dev/null 2>&1 < /dev/null &
+  fi
+  if [[ ! -f $G/server_build.rc && ! -f $G/server_build.started ]]; then
+    touch "$G/server_build.started"
+    cat > "$G/build_server.sh" << EOS
 set -e
 mkdir -p $G/server-src
 [[ -d $G/server-src/llama.cpp ]] || python3 -m tarfile -e $PWD/.gpu/pack/llama_server_src.tar.xz $G/server-src
@@ -69,33 +85,84 @@ cmake -S $G/server-src/llama.cpp -B $G/build-server -G Ninja -DCMAKE_BUILD_TYPE=
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 cmake --build $G/build-server --target llama-server -j \$(nproc)
 EOS
-  setsid nohup nice -n 10 bash -c "bash $G/build_server.sh > $G/server_build.log 2>&1; echo \$? > $G/server_build.rc" \
-    > /dev/null 2>&1 < /dev/null &
-fi
-source "$G/env.sh"
-export PYTHONPATH=$PWD:/tmp/site2:$PYTHONPATH PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
-python3 -c "import lmdeploy, gateway.app; print('lmdeploy', lmdeploy.__version__)"
+    setsid nohup nice -n 10 bash -c "bash $G/build_server.sh > $G/server_build.log 2>&1; echo \$? > $G/server_build.rc" \
+      > /dev/null 2>&1 < /dev/null &
+  fi
+  source "$G/env.sh"
+  python3 -c "import lmdeploy, gateway.app; print('lmdeploy', lmdeploy.__version__)"
+}
 
-stamp "models"
-if [[ ! -f $G/models/7b/made ]]; then
-  python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
-  tail -1 "$S/make_model_7b.log"
-fi
-[[ -f $G/gguf/ready ]] || bash bench/gpu/prepare_gguf.sh > "$S/prepare_gguf.log" 2>&1
-if [[ " ${REGRESS_ARGS:-moe-experts} " == *" moe-experts"* && ! -f $G/gguf/moe-q4_0.gguf ]]; then  # issue 39's pair
-  python3 -m bench.gpu.make_moe_gguf "$G/gguf/7b-f16.gguf" "$G/gguf/moe-q4_0.gguf.tmp" > "$S/make_moe.log" 2>&1 \
-    && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"; tail -2 "$S/make_moe.log"
-fi
-ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
-for _ in $(seq 1 240); do [[ -f $G/server_build.rc ]] && break; sleep 5; done  # at most 20 min
-stamp "llama-server build rc $(cat "$G/server_build.rc" 2> /dev/null || echo 'still running: B sides not run')"; tail -3 "$G/server_build.log"
+step_model() {  # the random-weight 7B with a template that renders agents' tools (bench/gpu/agent_template.py)
+  if [[ ! -f $G/models/7b/made ]]; then
+    python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
+    tail -1 "$S/make_model_7b.log"
+  fi
+  python3 -m bench.gpu.agent_template "$G/models/7b"
+}
+
+step_gguf() {
+  [[ -f $G/gguf/ready ]] || bash bench/gpu/prepare_gguf.sh > "$S/prepare_gguf.log" 2>&1
+  if [[ " ${REGRESS_ARGS:-moe-experts} " == *" moe-experts"* && ! -f $G/gguf/moe-q4_0.gguf ]]; then  # issue 39's pair
+    python3 -m bench.gpu.make_moe_gguf "$G/gguf/7b-f16.gguf" "$G/gguf/moe-q4_0.gguf.tmp" > "$S/make_moe.log" 2>&1 \
+      && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"; tail -2 "$S/make_moe.log"
+  fi
+  ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
+}
+
+step_server() {
+  for _ in $(seq 1 240); do [[ -f $G/server_build.rc ]] && break; sleep 5; done  # at most 20 min
+  stamp "llama-server build rc $(cat "$G/server_build.rc" 2> /dev/null || echo 'still running: B sides not run')"
+  tail -3 "$G/server_build.log"
+  [[ -x $SERVER ]] && "$SERVER" --version 2>&1 | tail -2
+}
+
+step_bench() {  # $1: a name for the folder ('' for the default), then bench.gpu.regress's extra arguments
+  local name=$1; shift
+  python3 -m bench.gpu.regress --out "$S/out/$(date -u +%F)-gpu-regress${name:+-$name}" --hold-script .gpu/hold_memory.py \
+    $([[ -x $SERVER ]] && echo --llama-server "$SERVER") --notes "H200 held to a V100's memory; random-weight Llama-2-7B shape" \
+    "$@"
+  stamp "bench $name exit $?"
+}
+
+step_sessions() {  # $1: tm | gguf | llama-server
+  local out=$S/out/$(date -u +%F)-session-replay-$1
+  local replay=(python3 -m bench.session_replay --out "$out" --model llama2-7b --turns 8 --max-tokens 32 ${SESSION_ARGS:-})
+  case $1 in
+    tm) hold 32510; "${replay[@]}" --gpu --config bench/gpu/configs/session-tm-7b.yaml \
+          --off-config bench/gpu/configs/session-tm-7b-off.yaml ;;
+    gguf) hold 16160; "${replay[@]}" --gpu --config bench/gpu/configs/session-gguf-7b.yaml \
+          --off-config bench/gpu/configs/session-gguf-7b-off.yaml ;;
+    llama-server)
+      [[ -x $SERVER ]] || { stamp "no llama-server"; return; }
+      hold 16160
+      "$SERVER" -m "$G/gguf/7b-q4_k_m.gguf" -a llama2-7b -np 4 -c 32768 -ngl 999 -fa on --cache-ram 8192 --jinja \
+        --host 127.0.0.1 --port 8089 > "$S/llama-server-sessions.log" 2>&1 &
+      local pid=$!
+      for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8089/health > /dev/null && break; sleep 1; done
+      "${replay[@]}" --base-url http://127.0.0.1:8089 --kinds openwebui claude codex
+      kill "$pid"; wait "$pid" 2> /dev/null ;;
+  esac
+  stamp "sessions $1 exit $?"
+  release
+}
+
+stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}; steps ${STEPS:-default}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
 SERVER=$G/build-server/bin/llama-server
-[[ -x $SERVER ]] && "$SERVER" --version 2>&1 | tail -2
-
-stamp "bench"
-python3 -m bench.gpu.regress --out "$S/out/$(date -u +%F)-gpu-regress" --hold-script .gpu/hold_memory.py \
-  $([[ -x $SERVER ]] && echo --llama-server "$SERVER") --notes "H200 held to a V100's memory; random-weight Llama-2-7B shape" \
-  ${REGRESS_ARGS:-}
-stamp "bench exit $?"
+for step in ${STEPS:-setup model gguf server bench}; do
+  stamp "$step"
+  case $step in
+    setup) step_setup ;;
+    model) step_model ;;
+    gguf) step_gguf ;;
+    server) step_server ;;
+    bench) step_bench "" ${REGRESS_ARGS:-} ;;
+    bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ;;
+    sessions:*) step_sessions "${step#sessions:}" ;;
+    *) stamp "unknown step $step" ;;
+  esac
+  [[ -f $G/env.sh ]] && source "$G/env.sh"
+done
 cp "$S"/*.log "$S/out/" 2> /dev/null
 touch "$S/done"
