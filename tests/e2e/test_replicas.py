@@ -42,6 +42,9 @@ def test_the_model_is_listed_once_and_both_replicas_run(replicated: Gateway) -> 
     ids = [m.id for m in replicated.client().models.list().data]
     assert ids.count(MODEL) == 1 and REPLICA not in ids
     assert worker_for(replicated, MODEL).pid != worker_for(replicated, REPLICA).pid
+    status = httpx.get(f"{replicated.url}/ui/api/status", timeout=10).json()  # the status page: grouped, both ready
+    rows = [(m["name"], m["replica_of"], m["state"]) for m in status["models"]]
+    assert rows == [(MODEL, None, "ready"), (REPLICA, MODEL, "ready")]
 
 
 def test_concurrent_requests_go_to_different_replicas(replicated: Gateway) -> None:
