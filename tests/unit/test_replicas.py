@@ -109,3 +109,31 @@ def test_routing_text_is_the_prompt_or_the_messages_text() -> None:
     assert routing_text("abc") == "abc"
     assert routing_text([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]) == "s\nu"
     assert routing_text(None) == ""
+
+
+async def test_a_reload_that_raises_replicas_adds_a_worker_and_leaves_the_first_serving() -> None:
+    from gateway.reload import Desired, Reloader
+
+    old = config(spec("m"))
+    new = config(spec("m", replicas=2))
+    serving, added = deployment("m"), deployment("m@2")
+    reg = registry(serving)
+    made: list[str] = []
+
+    def make(plan: DeploymentPlan, _spec: Any) -> Deployment:
+        made.append(plan.model)
+        return added
+
+    class Adopting:  # the residency's two calls a reload makes
+        def adopt(self, deployment: Deployment, memory: Any) -> None:
+            made.append(f"adopted {deployment.name}")
+
+        async def retire(self, deployment: Deployment) -> None:
+            made.append(f"retired {deployment.name}")
+
+    plans = (serving.plan, added.plan)
+    reloader = Reloader(lambda: Desired(new, plans, {}, {}), Desired(old, plans[:1], {}, {}), reg, Adopting(), make)  # type: ignore[arg-type]
+    result = await reloader.reload()
+    assert (result.added, result.changed, result.unchanged) == (["m@2"], [], ["m"])
+    assert made == ["m@2", "adopted m@2"]  # the first replica's worker serves on
+    assert reg.replicas(serving) == [serving, added]
