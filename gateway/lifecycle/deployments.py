@@ -12,7 +12,7 @@ from typing import Literal
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
-from gateway.config_replicas import SEPARATOR, replica_of
+from gateway.config_replicas import replica_of
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
@@ -57,11 +57,14 @@ class Registry:
     deployments: dict[str, Deployment] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     _by_name: dict[str, Deployment] = field(default_factory=dict)
+    _replicas: dict[str, list[Deployment]] = field(default_factory=dict)  # model → its replicas m@2... (not m)
 
     def add(self, deployment: Deployment) -> None:
         self.deployments[deployment.name] = deployment
         for name in (deployment.name, *deployment.aliases):
             self._by_name[name] = deployment
+        if deployment.replica_of is not None:
+            self._replicas.setdefault(deployment.replica_of, []).append(deployment)
 
     def remove(self, name: str) -> Deployment | None:
         """Take a deployment out (a config reload): its name and aliases stop resolving at once."""
@@ -70,6 +73,8 @@ class Registry:
             for key in (deployment.name, *deployment.aliases):
                 if self._by_name.get(key) is deployment:
                     del self._by_name[key]
+            if deployment.replica_of is not None:
+                self._replicas[deployment.replica_of].remove(deployment)
         return deployment
 
     def rename(self, name: str, aliases: tuple[str, ...], alias_patterns: tuple[str, ...]) -> None:
@@ -111,8 +116,7 @@ class Registry:
 
     def replicas(self, deployment: Deployment) -> list[Deployment]:
         """`deployment` and the replicas of its model (`m@2`...: config `replicas`), in order."""
-        prefix = deployment.name + SEPARATOR
-        return [deployment, *(d for name, d in self.deployments.items() if name.startswith(prefix))]
+        return [deployment, *self._replicas.get(deployment.name, ())]
 
     def __iter__(self) -> Iterator[Deployment]:
         return iter(self.deployments.values())
