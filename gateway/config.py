@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.base import LlamaCppOptions, LMDeployOptions
+from gateway import config_replicas
 from gateway.config_errors import format_validation_error
 from gateway.config_images import ImageLimits
 from gateway.protocol.reasoning import ReasoningDefault
@@ -268,7 +269,7 @@ class PlacementSettings(_Spec):
 class ModelSpec(_Spec):
     """One model the gateway serves, with the sources the placement policy may choose from."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+(@[0-9]+)?$")  # `@k`: replica k (config_replicas)
     aliases: tuple[str, ...] = ()
     alias_patterns: tuple[AliasPattern, ...] = Field(
         default=(), description="globs (claude-*) of other names that reach it: docs/configuration.md, Alias patterns"
@@ -321,6 +322,7 @@ class ModelSpec(_Spec):
         description="llama.cpp: the multimodal projector GGUF (images in chat); null: one `*mmproj*.gguf` "
         "beside the model's GGUF if there is exactly one; false: serve text only",
     )
+    replicas: int = Field(default=1, ge=1, le=16, description="workers of this model, each placed on its own: m@2...")
     load: Literal["always", "on_demand"] = Field(
         default="always",
         description="always: started at boot, never evicted; on_demand: started by its first request, may be evicted",
@@ -424,6 +426,11 @@ class Config(_Spec):
         except InventoryError as exc:
             raise ValueError(str(exc)) from None
         return gpus
+
+    @field_validator("models", mode="after")
+    @classmethod
+    def _with_replicas(cls, models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+        return config_replicas.expand(models)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Config:

@@ -194,7 +194,7 @@ class Reloader:
                 await task
 
 
-_NAMES = {"aliases", "alias_patterns"}  # what a reload changes without touching the model's worker
+_NAMES = {"aliases", "alias_patterns", "replicas"}  # what a reload changes without touching the model's worker
 
 
 def _unnamed(spec: ModelSpec | None) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from backends.base import DeploymentPlan, EngineAdapter, EngineCapabilities
 from gateway.admission import Admission
+from gateway.config_replicas import replica_of
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle.policy import Policy, policy_for
 from gateway.lifecycle.workers import Worker
@@ -35,6 +36,11 @@ class Deployment:
     reasoning: ReasoningDefault = field(default_factory=ReasoningDefault)  # config `reasoning`
 
     @property
+    def replica_of(self) -> str | None:
+        """The model this deployment is a replica of (`m` for `m@2`; None for a model or its first replica)."""
+        return replica_of(self.name)
+
+    @property
     def policy(self) -> Policy:
         """How this model lives (pinned, on demand or a remote endpoint): `gateway.lifecycle.policy`."""
         return policy_for(self.load, self.idle_unload_s, remote=self.plan.remote_url is not None)
@@ -51,11 +57,14 @@ class Registry:
     deployments: dict[str, Deployment] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     _by_name: dict[str, Deployment] = field(default_factory=dict)
+    _replicas: dict[str, list[Deployment]] = field(default_factory=dict)  # model → its replicas m@2... (not m)
 
     def add(self, deployment: Deployment) -> None:
         self.deployments[deployment.name] = deployment
         for name in (deployment.name, *deployment.aliases):
             self._by_name[name] = deployment
+        if deployment.replica_of is not None:
+            self._replicas.setdefault(deployment.replica_of, []).append(deployment)
 
     def remove(self, name: str) -> Deployment | None:
         """Take a deployment out (a config reload): its name and aliases stop resolving at once."""
@@ -64,6 +73,8 @@ class Registry:
             for key in (deployment.name, *deployment.aliases):
                 if self._by_name.get(key) is deployment:
                     del self._by_name[key]
+            if deployment.replica_of is not None:
+                self._replicas[deployment.replica_of].remove(deployment)
         return deployment
 
     def rename(self, name: str, aliases: tuple[str, ...], alias_patterns: tuple[str, ...]) -> None:
@@ -102,6 +113,10 @@ class Registry:
             f"The model {model!r} does not exist or you do not have access to it. Available: {known}",
             param="model",
         )
+
+    def replicas(self, deployment: Deployment) -> list[Deployment]:
+        """`deployment` and the replicas of its model (`m@2`...: config `replicas`), in order."""
+        return [deployment, *self._replicas.get(deployment.name, ())]
 
     def __iter__(self) -> Iterator[Deployment]:
         return iter(self.deployments.values())

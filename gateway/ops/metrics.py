@@ -201,6 +201,12 @@ class Metrics:
         )  # fmt: skip
 
     def _prefix_series(self, r: CollectorRegistry) -> None:
+        self.replica_picks = Counter(
+            "voltgate:replica_picks",
+            "Requests sent to each replica of a model, by why (session, prefix or load: gateway.serving.replicas)",
+            ["model", "replica", "reason"],
+            registry=r,
+        )
         self.prompt_neutralised = Counter(
             "voltgate:prompt_neutralised",
             "Requests whose volatile client bytes a rule took out of the prompt (gateway.serving.prompt_prefix)",

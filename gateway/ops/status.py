@@ -41,6 +41,7 @@ class PoolMemory(_Out):
 
 class ModelStatus(_Out):
     name: str
+    replica_of: str | None  # `m` for its replica `m@2` (config `replicas`): shown under its model
     aliases: list[str]
     engine: str
     quant: str | None
@@ -159,7 +160,8 @@ def status_report(
 
 def _visible(principal: Principal, deployment: Deployment) -> bool:
     allowed = principal.models
-    return not allowed or deployment.name in allowed or bool(set(deployment.aliases) & set(allowed))
+    name = deployment.replica_of or deployment.name  # a replica is seen by whoever may use its model
+    return not allowed or name in allowed or bool(set(deployment.aliases) & set(allowed))
 
 
 def _model(
@@ -176,6 +178,7 @@ def _model(
     ]
     return ModelStatus(
         name=deployment.name,
+        replica_of=deployment.replica_of,
         aliases=list(deployment.aliases),
         engine=plan.engine.value,
         quant=plan.quant or (plan.dtype if plan.engine is EngineName.LMDEPLOY else None),

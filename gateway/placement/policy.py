@@ -19,6 +19,7 @@ from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import Config, GGUFSource, HFSource, ModelSpec, PlacementSettings
+from gateway.config_replicas import replica_of
 from gateway.placement.choice import predict_placed
 from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
@@ -89,7 +90,7 @@ def plan_models(config: Config, inventory: Inventory) -> PlacementReport:
     for whole in (True, False):
         for entry in order:
             if entry.placed is None:
-                placed = _climb(entry, ledger, whole=whole)
+                placed = _climb_apart(entry, ledger, start_order, whole=whole)
                 if placed is not None:
                     entry.placed = placed
                     start_order.append(entry)
@@ -280,6 +281,22 @@ def _climb(entry: _Entry, ledger: dict[int, int], *, whole: bool) -> Placed | No
     entry.warnings.extend(w for w in choice.warnings if w not in entry.warnings)
     entry.notes, entry.alternatives, entry.reason = choice.notes, choice.alternatives, choice.reason
     return None if choice.placed is None else with_prompt_cache(work, choice.placed)
+
+
+def _climb_apart(entry: _Entry, ledger: dict[int, int], placed: list[_Entry], *, whole: bool) -> Placed | None:
+    """`_climb`, but a replica (`m@2`, config `replicas`) first tries the GPUs its model's placed replicas do not
+    use: two replicas on one GPU share its compute and gain little. Where they do not fit apart, they share."""
+    model = replica_of(entry.spec.name)
+    siblings = [e for e in placed if model is not None and model in (e.spec.name, replica_of(e.spec.name))]
+    taken = {i for e in siblings if e.placed is not None for i in e.placed.estimate.gpu_bytes}
+    if model is None or not whole or not taken or not set(ledger) - taken:
+        return _climb(entry, ledger, whole=whole)
+    apart = _climb(entry, {i: (0 if i in taken else room) for i, room in ledger.items()}, whole=True)
+    if apart is not None:
+        return apart
+    entry.misses.clear()
+    entry.warnings.clear()
+    return _climb(entry, ledger, whole=True)
 
 
 def _tiers(entry: _Entry, budgets: dict[int, int], slots: int) -> tuple[list[Option], list[Option]]:

@@ -23,7 +23,8 @@ async def list_models(request: Request) -> JSONResponse:
     data = [
         _with_status(app, d)
         for d in app.registry
-        if not principal.models or d.name in principal.models or set(d.aliases) & set(principal.models)
+        if d.replica_of is None  # a model once, not once per replica
+        and (not principal.models or d.name in principal.models or set(d.aliases) & set(principal.models))
     ]
     return JSONResponse({**ModelList().model_dump(mode="json"), "data": data})
 

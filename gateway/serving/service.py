@@ -3,6 +3,7 @@
 route ─▶ Service.handle(parsed, request, ctx) ─▶ UnaryResult | StreamSession (the route renders it)
            ├─ registry.resolve(model)             404 model_not_found
            ├─ principal.check_model / admit       403 / 429
+           ├─ replicas.pick(deployment)           a model with replicas: the one for this request
            ├─ parsed.check(capabilities)          400 names the parameter
            ├─ parsed.to_engine(target)            the typed engine request of its kind (backends.request)
            ├─ residency.check(deployment)         503 + Retry-After: a pinned worker restarting, a failed load
@@ -33,6 +34,7 @@ from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.responses import ChatCompletion
 from gateway.protocol.served import ServedRequest
 from gateway.serving.prompt_prefix import ResponseChains, neutralise
+from gateway.serving.replicas import Replicas
 from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
 from gateway.serving.silence import stream_silence_s
 from gateway.serving.unary import Translate, UnaryCall, UnaryResult
@@ -70,6 +72,7 @@ class Service:
         self.images = images or ImageIntake()
         self.prompt_cache = prompt_cache or PromptCacheSettings()
         self.chains = ResponseChains()  # Responses' session keys, for `previous_response_id` turns
+        self.replicas = Replicas(registry, metrics)
         self.residency = residency or Residency(registry, settings, metrics, Pools({HOST: None}, NoProbe()))
         self._upstream_timeout = httpx.Timeout(connect=5.0, read=settings.upstream_timeout_s, write=30.0, pool=30.0)
         self._upstreams: dict[str, Upstream] = {}
@@ -90,6 +93,7 @@ class Service:
             ctx.prompt = parsed.log_prompt()
         try:
             ctx.principal.check_model(deployment.name, deployment.aliases)
+            deployment = self.replicas.pick(deployment, parsed, ctx.session_key)
             parsed.check(deployment.capabilities, f"model {deployment.name!r} ({deployment.plan.engine.value})")
             images = await self.images.engine_images(
                 parsed, model=deployment.name, vision=deployment.capabilities.vision

@@ -121,6 +121,7 @@ function renderModels(status) {
     tr.dataset.model = m.name;
     const name = el("td", "name", m.name);
     if (m.aliases.length) name.append(el("span", "aliases", "aka " + m.aliases.join(", ")));
+    if (m.replica_of) name.append(el("span", "aliases", "a replica of " + m.replica_of));
     const state = el("td");
     state.append(el("span", "state state-" + m.state, m.state));
     if (m.progress) state.append(el("span", "aliases", m.progress));
@@ -255,7 +256,7 @@ function renderErrors(errors) {
 
 // -- playground --------------------------------------------------------------------------------------
 function renderModelChoice(models) {
-  const usable = models.filter((m) => m.task === "generate").map((m) => m.name);
+  const usable = models.filter((m) => m.task === "generate" && !m.replica_of).map((m) => m.name);
   if (usable.join("\n") === lastModels.join("\n")) return;
   lastModels = usable;
   const select = $("pg-model");

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "config_errors", "config_images", "ui"),  # leaves: errors, the config's helpers, the page's files
+    ("errors", "config_errors", "config_images", "config_replicas", "ui"),  # leaves: the config's helpers, page files
     ("protocol",),  # wire types, EngineTarget, reasoning controls: what a request is
     ("config",),  # the YAML as typed models
     ("placement",),  # inventory + inspection -> plans

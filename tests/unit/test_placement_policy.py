@@ -363,3 +363,14 @@ def test_example_configs_plan_on_every_layout(example: Path, gpus: str) -> None:
         assert decision.plan is not None or decision.refusal
         if decision.plan is None:
             assert decision.refusal and "source not found" in decision.refusal
+
+
+def test_replicas_are_placed_apart_while_gpus_are_free_then_share(zoo: Path) -> None:
+    """Config `replicas`: each replica of the 7B FP16 gets its own V100-32GB while there is one; a third on two
+    GPUs shares one rather than being refused."""
+    model = {"name": "m", "sources": [hf("llama2-7b")], "context": 2048, "concurrency": 2, "engine": "lmdeploy"}
+    two = plan(zoo, "2xv100-32gb", {**model, "replicas": 2})
+    assert [(d.model, d.plan.gpu_indices if d.plan else None) for d in two.decisions] == [("m", (0,)), ("m@2", (1,))]
+    three = plan(zoo, "2xv100-32gb", {**model, "concurrency": 1, "context": 1024, "replicas": 3})
+    gpus = [tuple(d.plan.gpu_indices) for d in three.decisions if d.plan]
+    assert len(gpus) == 3 and set(gpus) == {(0,), (1,)}

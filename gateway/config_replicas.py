@@ -1,0 +1,50 @@
+"""A model's replicas (config `replicas: N`, docs/replicas.md): N workers of the same model, each planned, started
+and supervised as a model of its own. Replica k >= 2 of `m` is the model `m@k` (the first keeps the name), with
+no aliases of its own: clients name `m`, and the service picks the replica (`gateway.serving.replicas`). `@`
+is not allowed in a configured name, so `m@k` is always a replica of `m`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Self, TypeVar
+
+SEPARATOR = "@"
+
+
+class _Replicable(Protocol):  # gateway.config.ModelSpec, which imports this module
+    @property
+    def name(self) -> str: ...
+    @property
+    def replicas(self) -> int: ...
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
+
+
+ModelSpec = TypeVar("ModelSpec", bound=_Replicable)
+
+
+def replica_name(model: str, k: int) -> str:
+    """Replica k (1-based) of `model`: the model's own name for the first."""
+    return model if k == 1 else f"{model}{SEPARATOR}{k}"
+
+
+def replica_of(name: str) -> str | None:
+    """The model `name` is a replica of (None: `name` is a model, or its first replica)."""
+    base, sep, k = name.rpartition(SEPARATOR)
+    return base if sep and k.isdigit() else None
+
+
+def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+    """Every model followed by its replicas 2..N as models of their own (idempotent: an `m@k` already listed,
+    as in a dumped configuration read back, is kept and not made again)."""
+    listed = {spec.name: spec for spec in models}
+    for name in listed:
+        base = replica_of(name)
+        if base is not None and (base not in listed or int(name.rpartition(SEPARATOR)[2]) > listed[base].replicas):
+            raise ValueError(f"{name!r}: '@' names a replica (k of `replicas: N` of {base!r}), not a model")
+    out: list[ModelSpec] = []
+    for spec in models:
+        out.append(spec)
+        for k in range(2, spec.replicas + 1):
+            name = replica_name(spec.name, k)
+            if name not in listed:
+                out.append(spec.model_copy(update={"name": name, "aliases": (), "alias_patterns": (), "replicas": 1}))
+    return tuple(out)

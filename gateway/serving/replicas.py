@@ -1,0 +1,68 @@
+"""Which replica of a model serves a request (config `replicas: N`, docs/replicas.md).
+
+Service.handle ─▶ resolve(name) ─▶ Replicas.pick(deployment, parsed, session key) ─▶ one of m, m@2, ... m@N
+                                        │ loads: each replica's admitted + queued requests, and whether it
+                                        │        takes requests (its worker's state)
+                                        └─▶ ReplicaRouter.pick: session, long prefix, else least loaded
+
+A model with one replica is returned as it is, at no cost. The pick is counted per reason
+(`voltgate:replica_picks_total`); a replica whose worker failed is forgotten by the router (its sessions and
+prefixes go elsewhere) and takes no request until it is ready again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.lifecycle.deployments import Deployment, Registry
+from gateway.lifecycle.workers import WorkerState
+from gateway.ops.metrics import Metrics
+from gateway.protocol.served import ServedRequest
+from gateway.serving.replica_router import NoReplica, ReplicaLoad, ReplicaRouter
+
+SERVING = frozenset({WorkerState.READY, WorkerState.STARTING})
+"""A replica in these states takes requests (a starting one queues them until it is ready)."""
+
+
+class Replicas:
+    """One `ReplicaRouter` per model with replicas; see the module docstring."""
+
+    def __init__(self, registry: Registry, metrics: Metrics) -> None:
+        self.registry, self.metrics = registry, metrics
+        self._routers: dict[str, ReplicaRouter] = {}
+
+    def pick(self, deployment: Deployment, parsed: ServedRequest, session_key: str | None) -> Deployment:
+        """The replica of `deployment`'s model for this request (`deployment` itself when it has none, or when
+        none takes requests: the residency check then says why)."""
+        group = self.registry.replicas(deployment)
+        if len(group) == 1:
+            return deployment
+        router = self._routers.setdefault(deployment.name, ReplicaRouter())
+        loads = [self._load(replica, router) for replica in group]
+        try:
+            pick = router.pick(loads, routing_text(parsed.log_prompt()), session_key)
+        except NoReplica:
+            return deployment
+        self.metrics.replica_picks.labels(deployment.name, pick.replica, pick.reason).inc()
+        return next(replica for replica in group if replica.name == pick.replica)
+
+    def _load(self, replica: Deployment, router: ReplicaRouter) -> ReplicaLoad:
+        """A replica as the router sees it: an unloaded on-demand replica takes requests but counts as more
+        loaded than `balance_abs` (the loaded ones are preferred until they are that busy); a failed one is
+        forgotten."""
+        state = replica.worker.state
+        outstanding = replica.admission.running + replica.admission.waiting
+        if state is WorkerState.STOPPED and not replica.policy.pinned:
+            return ReplicaLoad(replica.name, outstanding + router.balance_abs + 1)
+        if state is WorkerState.FAILED:
+            router.forget(replica.name)
+        return ReplicaLoad(replica.name, outstanding, healthy=state in SERVING)
+
+
+def routing_text(prompt: Any) -> str:
+    """The text the router matches prefixes on: a completion's prompt, or a chat's messages' text in order."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content") or "") if isinstance(m, dict) else str(m) for m in prompt)
+    return ""
