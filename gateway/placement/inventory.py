@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pynvml import NVML_P2P_CAPS_INDEX_NVLINK, NVML_P2P_STATUS_OK, NVML_TOPOLOGY_MULTIPLE
 
 LinkKind = Literal["nvlink", "pcie-switch", "pcie-host"]
 """How two GPUs reach each other: NVLink, PCIe below a switch, or PCIe through the CPU (gateway/placement/
@@ -36,11 +37,6 @@ _NAMED_GPUS: dict[str, tuple[str, int, tuple[int, int], LinkKind]] = {
 _LINK_WORDS: dict[str, LinkKind] = {"nvlink": "nvlink", "pcie": "pcie-host", "pcie-switch": "pcie-switch"}
 """The optional fourth field of `name:memory_gib:capability:link`."""
 _COUNT = re.compile(r"^(\d+)\s*x\s*(.+)$", re.IGNORECASE)
-# NVML's enum values (nvml.h): the NVLink index of nvmlDeviceGetP2PStatus, its OK status, and the deepest
-# nvmlDeviceGetTopologyCommonAncestor level that stays below the CPU (MULTIPLE: several PCIe switches).
-_P2P_CAPS_INDEX_NVLINK = 2
-_P2P_STATUS_OK = 0
-_TOPOLOGY_MULTIPLE = 20
 
 
 class InventoryError(Exception):
@@ -236,7 +232,7 @@ def _pair_link(nvml: Any, a: object, b: object, names: tuple[str, str]) -> LinkK
     driver cannot say, two SXM boards (V100-SXM2, A100-SXM4) count as NVLinked, as they are in DGX/HGX
     systems. Otherwise the PCIe path: below a switch (PIX/PXB) or through the CPU (PHB, NODE, SYS)."""
     try:
-        if nvml.nvmlDeviceGetP2PStatus(a, b, _P2P_CAPS_INDEX_NVLINK) == _P2P_STATUS_OK:
+        if nvml.nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK) == NVML_P2P_STATUS_OK:
             return "nvlink"
     except Exception:  # NVMLError_NotSupported on drivers or boards without the query
         if all("sxm" in name.lower() for name in names):
@@ -245,7 +241,7 @@ def _pair_link(nvml: Any, a: object, b: object, names: tuple[str, str]) -> LinkK
         level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(a, b))
     except Exception:  # not supported (non-Linux, vGPU): assume the slow path
         return "pcie-host"
-    return "pcie-switch" if level <= _TOPOLOGY_MULTIPLE else "pcie-host"
+    return "pcie-switch" if level <= NVML_TOPOLOGY_MULTIPLE else "pcie-host"  # MULTIPLE: several PCIe switches
 
 
 def _text(value: str | bytes) -> str:
