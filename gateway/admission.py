@@ -34,6 +34,11 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def full(self) -> bool:
+        """Every slot taken and the queue at its limit: the next request would get a 429."""
+        return self.running >= self.capacity and len(self._waiters) >= self.max_queue
+
     def _retry_after(self) -> float:
         per_slot = max(1.0, self._recent_service_s)
         return min(60.0, per_slot * (1 + self.waiting / max(1, self.capacity)))

@@ -100,6 +100,15 @@ def test_a_failed_or_stopping_replica_takes_nothing_and_an_unloaded_one_waits_it
     assert replicas.pick(lazy, chat("b"), None) is lazy2
 
 
+def test_a_full_replica_takes_nothing_while_another_has_room() -> None:
+    m, m2 = deployment("m"), deployment("m@2")
+    replicas = Replicas(registry(m, m2), Metrics())
+    assert replicas.pick(m, chat("a"), "s") is m
+    m.admission.running, m2.admission.running = 2, 2
+    m.admission._waiters.extend([object()] * 8)  # type: ignore[list-item]  # its queue (max 8) is full
+    assert replicas.pick(m, chat("a"), "s") is m2  # not the session's replica: it would answer 429
+
+
 def test_one_replica_costs_nothing() -> None:
     m = deployment("m")
     assert Replicas(registry(m), Metrics()).pick(m, chat("x"), None) is m
