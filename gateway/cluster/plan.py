@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.base import DeploymentPlan, EngineName
 from gateway.cluster.hosts import HostView
 from gateway.config import Config, ModelSpec
+from gateway.config_replicas import replica_of
 from gateway.placement.inventory import HOST_BUDGET_FRACTION, Inventory, host_budget_bytes
 from gateway.placement.policy import plan_models
 from gateway.placement.report import ModelDecision, PlacementReport
@@ -98,8 +99,9 @@ def plan_cluster(config: Config, hosts: Sequence[HostView]) -> ClusterReport:
     considered: dict[str, list[HostConsidered]] = {spec.name: [] for spec in local}
     last: dict[str, ModelDecision] = {}
     known = {h.name for h in order}
-    for host in order:  # round 1: wholly on GPUs, the first host that can
-        offered = [s for s in local if _host_of(s.name, taken) is None and _allowed(s, host, considered)]
+    for host in order:  # round 1: wholly on GPUs, the first host that can (a model's replicas: its share)
+        offered = _shares([s for s in local if _host_of(s.name, taken) is None and _allowed(s, host, considered)],
+                          host, taken, config, order)  # fmt: skip
         report = plan_models(_subset(config, offered, host), host.inventory)
         for spec in offered:
             decision = report.decision(spec.name)
@@ -111,8 +113,10 @@ def plan_cluster(config: Config, hosts: Sequence[HostView]) -> ClusterReport:
                 why = decision.refusal or f"its best fit there is {decision.rung}"
                 considered[spec.name].append(HostConsidered(host=host.name, outcome=f"not wholly on GPUs: {why}"))
     for spec in local:  # round 2: anywhere at all, one model at a time, never moving what a host holds
-        if _host_of(spec.name, taken) is None:
-            _offer_anywhere(config, spec, order, taken, considered, last)
+        if _host_of(spec.name, taken) is None:  # a replica tries the hosts with fewest of its model's first
+            held = {h.name: _siblings(spec, taken[h.name]) for h in order}
+            hosts_in_turn = sorted(order, key=lambda h: held[h.name])
+            _offer_anywhere(config, spec, hosts_in_turn, taken, considered, last)
     placements = [_host_placement(config, host, taken[host.name]) for host in order]
     by_model = {d.model: (p.host, d) for p in placements for d in p.report.decisions}
     remote = plan_models(_subset(config, [s for s in config.models if s.remote is not None]), Inventory())
@@ -158,6 +162,30 @@ def _offer_anywhere(
         where = "partly on GPUs" if decision.plan.gpu_indices else "on the CPU"
         considered[spec.name].append(HostConsidered(host=host.name, outcome=f"placed {where}"))
         return
+
+
+def _shares(
+    offered: list[ModelSpec], host: HostView, taken: dict[str, list[ModelSpec]], config: Config,
+    hosts: Sequence[HostView],
+) -> list[ModelSpec]:  # fmt: skip
+    """`offered` less the replicas (config `replicas`) past their model's share of `host`: N replicas over H
+    hosts they may run on, at most ceil(N / H) a host in round 1, so losing a host loses only its share."""
+    out: list[ModelSpec] = []
+    for spec in offered:
+        base = next((m for m in config.models if m.name == _model_of(spec)), spec)
+        allowed = [h for h in hosts if base.hosts is None or h.name in base.hosts] or list(hosts)
+        if _siblings(spec, [*taken[host.name], *out]) < -(-base.replicas // len(allowed)):
+            out.append(spec)
+    return out
+
+
+def _model_of(spec: ModelSpec) -> str:
+    return replica_of(spec.name) or spec.name
+
+
+def _siblings(spec: ModelSpec, held: Iterable[ModelSpec]) -> int:
+    """How many of `spec`'s model's replicas (itself included) are in `held`."""
+    return sum(1 for s in held if _model_of(s) == _model_of(spec))
 
 
 def _moves(before: PlacementReport, after: PlacementReport, held: Iterable[ModelSpec]) -> bool:

@@ -156,3 +156,16 @@ def test_every_host_tried_is_in_considered_not_only_the_one_that_took_it(zoo: Pa
     d = report.decision("m")
     assert d.host in ("a", "b") and {c.host for c in d.considered} == {"a", "b"}, d.considered
     assert any(c.outcome.startswith("not wholly on GPUs") for c in d.considered), d.considered
+
+
+def test_a_models_replicas_are_spread_over_the_hosts_it_may_run_on(zoo: Path) -> None:
+    """Config `replicas`: two replicas over two hosts, one on each (losing a host loses one); four over two, two
+    on each (apart across each host's GPUs); on CPU-only hosts too."""
+    model = {"name": "m", "sources": [{"hf": "llama2-7b"}], "context": 1024, "engine": "lmdeploy"}
+    for gpus, replicas, each in (("2xv100-32gb", 2, 1), ("2xv100-32gb", 4, 2)):
+        report = plan(zoo, [host("a", gpus), host("b", gpus)], {**model, "replicas": replicas})
+        hosts = [d.host for d in report.decisions]
+        assert sorted(hosts) == ["a"] * each + ["b"] * each, hosts
+    cpu = plan(zoo, [host("a", "none"), host("b", "none")],
+               {"name": "s", "sources": [{"gguf": "llama2-7b.Q4_K_M.gguf"}], "context": 512, "replicas": 2})  # fmt: skip
+    assert sorted(d.host for d in cpu.decisions) == ["a", "b"]
