@@ -47,13 +47,13 @@ class Replicas:
         return next(replica for replica in group if replica.name == pick.replica)
 
     def _load(self, replica: Deployment, router: ReplicaRouter) -> ReplicaLoad:
-        """A replica as the router sees it: an unloaded on-demand replica takes requests but counts as more
-        loaded than `balance_abs` (the loaded ones are preferred until they are that busy); a failed one is
+        """A replica as the router sees it: a starting or unloaded on-demand replica takes requests but counts as
+        more loaded than `balance_abs` (the ready ones are preferred until they are that busy); a failed one is
         forgotten; one whose admission queue is full takes nothing (a 429 only when every replica's is)."""
         state, admission = replica.worker.state, replica.admission
         outstanding = admission.running + admission.waiting
-        if state is WorkerState.STOPPED and not replica.policy.pinned:
-            return ReplicaLoad(replica.name, outstanding + router.balance_abs + 1)
+        if state is WorkerState.STARTING or (state is WorkerState.STOPPED and not replica.policy.pinned):
+            return ReplicaLoad(replica.name, outstanding + router.balance_abs + 1)  # the ready ones first
         if state is WorkerState.FAILED:
             router.forget(replica.name)
         return ReplicaLoad(replica.name, outstanding, healthy=state in SERVING and not admission.full)

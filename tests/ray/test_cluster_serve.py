@@ -3,11 +3,13 @@ namespace, tests/ray/conftest.py): the real gateway process, real llama.cpp work
 GGUF started by each host's agent, the openai SDK.
 
 One scenario, one cluster (the cluster takes most of the time on a small box): `alpha` may run only on `a`,
-`gamma` only on `b`, `beta` anywhere (the plan puts it on `b`).
+`gamma` only on `b`, `beta` anywhere (the plan puts it on `b`), `delta` with two replicas anywhere (the plan
+spreads them: `delta` on `b`, `delta@2` on `a`).
 
 1. a request is served on each host; `/v1/placement`, `/metrics` and the status page name each model's host;
-2. host `b` is killed while `beta` streams: the stream ends with an error frame and `[DONE]`; `beta` is
-   re-placed on `a` and answers again (the time is measured); `gamma` gets a 503 naming it and the lost host;
+2. host `b` is killed while `beta` streams: the stream ends with an error frame and `[DONE]`; once `b` is
+   declared lost, `delta` answers at once from its replica on `a`; `beta` is re-placed on `a` and answers again (the time is measured);
+   `gamma` gets a 503 naming it and the lost host;
 3. host `b` joins again: `gamma` is served there again;
 4. host `b` freezes (every process of its node stopped with SIGSTOP, standing in for a partition) until the
    gateway declares it lost, then resumes: the gateway takes it back without a restart of Ray there, stops the
@@ -52,7 +54,8 @@ def _config(path: Path, gguf: Path) -> Path:
         f"gpus: none\nserver: {{host_silence_s: {HOST_SILENCE_S}}}\nmodels:\n"
         f"  - {{name: alpha, {source}, hosts: [a]}}\n"
         f"  - {{name: beta, {source}}}\n"
-        f"  - {{name: gamma, {source}, hosts: [b]}}\n",
+        f"  - {{name: gamma, {source}, hosts: [b]}}\n"
+        f"  - {{name: delta, {source}, replicas: 2}}\n",
         encoding="utf-8",
     )
     return path
@@ -131,7 +134,7 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
 
     base, log = gateway
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-    assert _hosts(base) == {"alpha": "a", "beta": "b", "gamma": "b"}
+    assert _hosts(base) == {"alpha": "a", "beta": "b", "gamma": "b", "delta": "b", "delta@2": "a"}
     assert _ask(client, "alpha") and _ask(client, "beta")  # a request served on each host
     metrics = httpx.get(base + "/metrics", timeout=10).text
     assert 'voltgate:model_host{host="b",model="beta"} 1.0' in metrics
@@ -139,7 +142,8 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
     assert 'pool="a:host"' in metrics and 'pool="b:host"' in metrics  # each host's own memory pools
     status = httpx.get(base + "/ui/api/status", timeout=10).json()  # the status page: bars and models per host
     assert {p["pool"]: p["host"] for p in status["pools"]} == {"a:host": "a", "b:host": "b"}
-    assert {m["name"]: m["cluster_host"] for m in status["models"]} == {"alpha": "a", "beta": "b", "gamma": "b"}
+    hosts = {m["name"]: m["cluster_host"] for m in status["models"]}
+    assert hosts == {"alpha": "a", "beta": "b", "gamma": "b", "delta": "b", "delta@2": "a"}
 
     killed: list[float] = []
 
@@ -154,6 +158,9 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
     assert errors, f"no error frame before [DONE]: {lines[-3:]}"
     assert "host 'b'" in errors[0]["message"] and "re-placed" in errors[0]["message"], errors  # not "restarted"
     stream_cut_s = time.monotonic() - killed[0]
+    _until(lambda: _hosts(base)["gamma"] is None, log, "host b declared lost")
+    assert _ask(client, "delta")  # at once: its replica on host a serves while the one from b is re-placed
+    delta_s = time.monotonic() - killed[0]
 
     answered_s = _until(lambda: bool(_ask(client, "beta")), log, "beta answering again after host b's loss")
     replaced_s = time.monotonic() - killed[0]
@@ -179,6 +186,7 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
     rejoined_s = time.monotonic() - joined
     assert _hosts(base)["gamma"] == "b"
     assert _hosts(base)["beta"] == "a"  # nothing serving was moved back
+    assert _hosts(base)["delta"] == "a"  # re-placed beside its replica: the one host there was
 
     frozen_s, back_s = _freeze_b_until_lost_then_resume(local_cluster, base, log, client)
 
@@ -187,6 +195,7 @@ def test_serve_over_two_hosts_survives_losing_one_and_regains_it(
         with Path(record).open("a", encoding="utf-8") as out:
             out.write(json.dumps({"date": time.strftime("%Y-%m-%d"), "stream_cut_s": round(stream_cut_s, 2),
                                   "beta_answers_again_s": round(replaced_s, 2), "beta_polled_s": round(answered_s, 2),
+                                  "delta_replica_answers_s": round(delta_s, 2),
                                   "gamma_served_after_rejoin_s": round(rejoined_s, 2),
                                   "freeze_declared_lost_s": round(frozen_s, 2),
                                   "gamma_served_after_resume_s": round(back_s, 2)}) + "\n")  # fmt: skip
@@ -227,7 +236,7 @@ def _freeze_b_until_lost_then_resume(
     resumed = time.monotonic()
     _until(lambda: bool(_ask(client, "gamma")), log, "gamma served again after host b resumed")
     back_s = time.monotonic() - resumed
-    assert _hosts(base) == {"alpha": "a", "beta": "a", "gamma": "b"}
+    assert _hosts(base) == {"alpha": "a", "beta": "a", "gamma": "b", "delta": "a", "delta@2": "a"}
     assert node.node_id == local_cluster.nodes["b"].node_id  # the same Ray node: nothing restarted
     text = log.read_text(errors="replace")
     assert "host b is back: stopping its leftover worker gamma" in text, text[-4000:]

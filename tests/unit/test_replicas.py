@@ -109,6 +109,16 @@ def test_a_full_replica_takes_nothing_while_another_has_room() -> None:
     assert replicas.pick(m, chat("a"), "s") is m2  # not the session's replica: it would answer 429
 
 
+def test_a_starting_replica_waits_while_a_ready_one_is_not_busy() -> None:
+    m, m2 = deployment("m", WorkerState.STARTING), deployment("m@2")  # m: restarting, or re-placed on a host
+    replicas = Replicas(registry(m, m2), Metrics())
+    m2.admission.running = 2
+    assert replicas.pick(m, chat("a"), None) is m2
+    m2.admission.running, m2.admission.max_queue = 2, 99
+    m2.admission._waiters.extend([object()] * 4)  # type: ignore[list-item]
+    assert replicas.pick(m, chat("a"), None) is m
+
+
 def test_one_replica_costs_nothing() -> None:
     m = deployment("m")
     assert Replicas(registry(m), Metrics()).pick(m, chat("x"), None) is m
