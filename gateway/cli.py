@@ -159,8 +159,8 @@ def _local_app(cfg: Config, config: Path | None, watch_config: bool) -> FastAPI:
     def planner() -> Desired:  # a reload: the same file, overrides and inventory as at start
         return _place(load_config(path, overrides=overrides), inventory)[0]
 
-    return create_app(
-        cfg, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
+    return create_app(  # desired.config: with each `replicas: auto` resolved and its replicas made
+        desired.config, desired.plans, refused=desired.refused, placement=desired.placement, planner=planner,
         watch=path if watch_config else None,
     )  # fmt: skip
 
@@ -188,10 +188,10 @@ def _cluster_app(cfg: Config, target: str) -> FastAPI:
 
 def _place(cfg: Config, inventory: Inventory) -> tuple[Desired, PlacementReport]:
     """Place `cfg` on `inventory`: the plans to serve, the models refused (with why), the report."""
-    from gateway.placement import plan_models
+    from gateway.placement.replica_choice import plan_with_replicas
     from gateway.reload import Desired
 
-    report = plan_models(cfg, inventory)
+    cfg, report = plan_with_replicas(cfg, inventory)
     refused = {d.model: d.refusal for d in report.decisions if d.plan is None and d.refusal}
     plans = []
     for plan in report.plans:
@@ -240,13 +240,14 @@ def plan(
 ) -> None:
     """Show where each model would run and why (engine, quant, GPUs, memory by term, rejected options).
     Exits 1 when no model can be placed, as `serve` would."""
-    from gateway.placement import plan_models, render_plan_table
+    from gateway.placement import render_plan_table
+    from gateway.placement.replica_choice import plan_with_replicas
 
     cfg = _load(config, gpus)
     if cluster is not None:
         _plan_cluster(cfg, cluster, as_json)
         return
-    report = plan_models(cfg, _inventory(cfg))
+    _, report = plan_with_replicas(cfg, _inventory(cfg))
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
@@ -310,14 +311,14 @@ def connect(
     """Print a client's settings for this gateway: base URL, key variable, models, and the context window and
     compaction limit the plan gives the model; with --write, merge them into the client's own settings file."""
     from gateway.ops.connect import CLIENTS, ConnectError, settings_for, target_for
-    from gateway.placement import plan_models
+    from gateway.placement.replica_choice import plan_with_replicas
 
     if client not in CLIENTS:
         _config_error(f"unknown client {client!r}; one of: {', '.join(CLIENTS)}")
     cfg = _load(config, gpus)
     try:
-        target = target_for(cfg, plan_models(cfg, _inventory(cfg)).plans, model=model, small_model=small_model,
-                            url=url, key_env=key_env)  # fmt: skip
+        plans = plan_with_replicas(cfg, _inventory(cfg))[1].plans
+        target = target_for(cfg, plans, model=model, small_model=small_model, url=url, key_env=key_env)
         settings = settings_for(client, target, Path.home())
     except ConnectError as exc:
         _config_error(str(exc))

@@ -322,7 +322,7 @@ class ModelSpec(_Spec):
         description="llama.cpp: the multimodal projector GGUF (images in chat); null: one `*mmproj*.gguf` "
         "beside the model's GGUF if there is exactly one; false: serve text only",
     )
-    replicas: int = Field(default=1, ge=1, le=16, description="workers of this model, each placed on its own: m@2...")
+    replicas: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = Field(default=1, description="workers: m@2...")
     load: Literal["always", "on_demand"] = Field(
         default="always",
         description="always: started at boot, never evicted; on_demand: started by its first request, may be evicted",

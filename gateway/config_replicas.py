@@ -14,7 +14,7 @@ class _Replicable(Protocol):  # gateway.config.ModelSpec, which imports this mod
     @property
     def name(self) -> str: ...
     @property
-    def replicas(self) -> int: ...
+    def replicas(self) -> int | str: ...
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
 
 
@@ -38,12 +38,13 @@ def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     listed = {spec.name: spec for spec in models}
     for name in listed:
         base = replica_of(name)
-        if base is not None and (base not in listed or int(name.rpartition(SEPARATOR)[2]) > listed[base].replicas):
+        most = listed[base].replicas if base in listed else 0
+        if base is not None and (not isinstance(most, int) or int(name.rpartition(SEPARATOR)[2]) > most):
             raise ValueError(f"{name!r}: '@' names a replica (k of `replicas: N` of {base!r}), not a model")
     out: list[ModelSpec] = []
     for spec in models:
         out.append(spec)
-        for k in range(2, spec.replicas + 1):
+        for k in range(2, (spec.replicas if isinstance(spec.replicas, int) else 1) + 1):  # auto: by the plan
             name = replica_name(spec.name, k)
             if name not in listed:
                 out.append(spec.model_copy(update={"name": name, "aliases": (), "alias_patterns": (), "replicas": 1}))

@@ -174,7 +174,8 @@ def _shares(
     for spec in offered:
         base = next((m for m in config.models if m.name == _model_of(spec)), spec)
         allowed = [h for h in hosts if base.hosts is None or h.name in base.hosts] or list(hosts)
-        if _siblings(spec, [*taken[host.name], *out]) < -(-base.replicas // len(allowed)):
+        replicas = base.replicas if isinstance(base.replicas, int) else 1  # `auto` is not resolved per cluster
+        if _siblings(spec, [*taken[host.name], *out]) < -(-replicas // len(allowed)):
             out.append(spec)
     return out
 

@@ -8,8 +8,8 @@ spreads them: `delta` on `b`, `delta@2` on `a`).
 
 1. a request is served on each host; `/v1/placement`, `/metrics` and the status page name each model's host;
 2. host `b` is killed while `beta` streams: the stream ends with an error frame and `[DONE]`; once `b` is
-   declared lost, `delta` answers at once from its replica on `a`; `beta` is re-placed on `a` and answers again (the time is measured);
-   `gamma` gets a 503 naming it and the lost host;
+   declared lost, `delta` answers at once from its replica on `a`; `beta` is re-placed on `a` and answers
+   again (the time is measured); `gamma` gets a 503 naming it and the lost host;
 3. host `b` joins again: `gamma` is served there again;
 4. host `b` freezes (every process of its node stopped with SIGSTOP, standing in for a partition) until the
    gateway declares it lost, then resumes: the gateway takes it back without a restart of Ray there, stops the

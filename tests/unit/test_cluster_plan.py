@@ -166,6 +166,6 @@ def test_a_models_replicas_are_spread_over_the_hosts_it_may_run_on(zoo: Path) ->
         report = plan(zoo, [host("a", gpus), host("b", gpus)], {**model, "replicas": replicas})
         hosts = [d.host for d in report.decisions]
         assert sorted(hosts) == ["a"] * each + ["b"] * each, hosts
-    cpu = plan(zoo, [host("a", "none"), host("b", "none")],
-               {"name": "s", "sources": [{"gguf": "llama2-7b.Q4_K_M.gguf"}], "context": 512, "replicas": 2})  # fmt: skip
+    small = {"name": "s", "sources": [{"gguf": "llama2-7b.Q4_K_M.gguf"}], "context": 512, "replicas": 2}
+    cpu = plan(zoo, [host("a", "none"), host("b", "none")], small)
     assert sorted(d.host for d in cpu.decisions) == ["a", "b"]

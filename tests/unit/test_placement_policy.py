@@ -374,3 +374,23 @@ def test_replicas_are_placed_apart_while_gpus_are_free_then_share(zoo: Path) -> 
     three = plan(zoo, "2xv100-32gb", {**model, "concurrency": 1, "context": 1024, "replicas": 3})
     gpus = [tuple(d.plan.gpu_indices) for d in three.decisions if d.plan]
     assert len(gpus) == 3 and set(gpus) == {(0,), (1,)}
+
+
+def test_replicas_auto_weighs_replicas_against_tensor_parallelism(zoo: Path) -> None:
+    """`replicas: auto`: a 7B FP16 that fits one V100-32GB, 32 sessions on eight of them: replicas of one GPU
+    each predict more in total than the ladder's one placement, so the plan takes them and says so with the
+    runner-up; one session can only be one replica; on one GPU there is nothing to choose."""
+    from gateway.placement.replica_choice import plan_with_replicas
+
+    model = {"name": "m", "sources": [hf("llama2-7b")], "context": 2048, "engine": "lmdeploy", "replicas": "auto"}
+    config = Config.model_validate({"gpus": "8xv100-32gb", "models": [{**model, "concurrency": 32}], "base_dir": zoo})
+    resolved, report = plan_with_replicas(config, inventory_from_spec("8xv100-32gb"))
+    n = resolved.models[0].replicas
+    assert isinstance(n, int) and n > 1 and len(report.plans) == n
+    assert len({tuple(p.gpu_indices) for p in report.plans}) == n  # apart
+    note = report.decision("m").notes[0]
+    assert note.startswith(f"replicas: auto -> {n}: ") and "runner-up" in note, note
+    one = Config.model_validate({"gpus": "8xv100-32gb", "models": [{**model, "concurrency": 1}], "base_dir": zoo})
+    assert plan_with_replicas(one, inventory_from_spec("8xv100-32gb"))[0].models[0].replicas == 1
+    single = Config.model_validate({"gpus": "v100-32gb", "models": [{**model, "concurrency": 8}], "base_dir": zoo})
+    assert [m.name for m in plan_with_replicas(single, inventory_from_spec("v100-32gb"))[0].models] == ["m"]
