@@ -52,11 +52,12 @@ class Replicas:
         forgotten; one whose admission queue is full takes nothing (a 429 only when every replica's is)."""
         state, admission = replica.worker.state, replica.admission
         outstanding = admission.running + admission.waiting
-        if state is WorkerState.STARTING or (state is WorkerState.STOPPED and not replica.policy.pinned):
-            return ReplicaLoad(replica.name, outstanding + router.balance_abs + 1)  # the ready ones first
-        if state is WorkerState.FAILED:
+        unloaded = state is WorkerState.STOPPED and not replica.policy.pinned  # an on-demand one, loaded by use
+        if state is WorkerState.STARTING or unloaded:
+            outstanding += router.balance_abs + 1  # the ready ones first
+        elif state is WorkerState.FAILED:
             router.forget(replica.name)
-        return ReplicaLoad(replica.name, outstanding, healthy=state in SERVING and not admission.full)
+        return ReplicaLoad(replica.name, outstanding, healthy=(state in SERVING or unloaded) and not admission.full)
 
 
 def routing_text(prompt: Any) -> str:
