@@ -337,6 +337,8 @@ class ModelSpec(_Spec):
             raise ValueError("idle_unload_s needs load: on_demand (a model with load: always is never unloaded)")
         if self.load == "on_demand" and self.remote is not None:
             raise ValueError("load: on_demand needs a local model file (a remote endpoint is never loaded here)")
+        if self.replicas != 1 and self.remote is not None:
+            raise ValueError("replicas: a remote endpoint is one server here (run its replicas where it runs)")
         return self
 
     @model_validator(mode="after")

@@ -51,6 +51,12 @@ def test_an_at_name_the_config_did_not_make_is_refused(name: str) -> None:
         config(spec("m", replicas=2), spec(name))
 
 
+@pytest.mark.parametrize("replicas", [2, "auto"])
+def test_a_remote_endpoint_has_no_replicas_here(replicas: int | str) -> None:
+    with pytest.raises(ValidationError, match="remote endpoint is one server"):
+        config({"name": "r", "sources": [{"remote": "http://10.0.0.2:8000/v1"}], "replicas": replicas})
+
+
 def deployment(name: str, state: WorkerState = WorkerState.READY, load: str = "always") -> Deployment:
     fields = {"model": name, "engine": EngineName.LLAMACPP, "context_tokens": 512, "source_path": Path("/m/m.gguf")}
     plan = DeploymentPlan.model_validate({**fields, "model_format": "gguf", "slots": 2})
