@@ -32,6 +32,11 @@ def replica_of(name: str) -> str | None:
     return base if sep and k.isdigit() else None
 
 
+def model_of(name: str) -> str:
+    """The model `name` serves: its own name, or for a replica `m@k`, `m`."""
+    return replica_of(name) or name
+
+
 def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     """Every model followed by its replicas 2..N as models of their own (idempotent: an `m@k` already listed,
     as in a dumped configuration read back, is kept and not made again)."""

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from backends.base import DeploymentPlan, EngineName
 from gateway.cluster.hosts import HostView
 from gateway.config import Config, ModelSpec
-from gateway.config_replicas import replica_of
+from gateway.config_replicas import model_of
 from gateway.placement.inventory import HOST_BUDGET_FRACTION, Inventory, host_budget_bytes
 from gateway.placement.policy import plan_models
 from gateway.placement.report import ModelDecision, PlacementReport
@@ -172,7 +172,7 @@ def _shares(
     hosts they may run on, at most ceil(N / H) a host in round 1, so losing a host loses only its share."""
     out: list[ModelSpec] = []
     for spec in offered:
-        base = next((m for m in config.models if m.name == _model_of(spec)), spec)
+        base = next((m for m in config.models if m.name == model_of(spec.name)), spec)
         allowed = [h for h in hosts if base.hosts is None or h.name in base.hosts] or list(hosts)
         replicas = base.replicas if isinstance(base.replicas, int) else 1  # `auto` is not resolved per cluster
         if _siblings(spec, [*taken[host.name], *out]) < -(-replicas // len(allowed)):
@@ -180,13 +180,9 @@ def _shares(
     return out
 
 
-def _model_of(spec: ModelSpec) -> str:
-    return replica_of(spec.name) or spec.name
-
-
 def _siblings(spec: ModelSpec, held: Iterable[ModelSpec]) -> int:
     """How many of `spec`'s model's replicas (itself included) are in `held`."""
-    return sum(1 for s in held if _model_of(s) == _model_of(spec))
+    return sum(1 for s in held if model_of(s.name) == model_of(spec.name))
 
 
 def _moves(before: PlacementReport, after: PlacementReport, held: Iterable[ModelSpec]) -> bool:

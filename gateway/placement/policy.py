@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import Config, GGUFSource, HFSource, ModelSpec, PlacementSettings
-from gateway.config_replicas import replica_of
+from gateway.config_replicas import model_of, replica_of
 from gateway.placement.choice import predict_placed
 from gateway.placement.embedding import Task, place_pooled, serving_task
 from gateway.placement.estimate import MARGIN_BYTES
@@ -287,7 +287,7 @@ def _climb_apart(entry: _Entry, ledger: dict[int, int], placed: list[_Entry], *,
     """`_climb`, but a replica (`m@2`, config `replicas`) first tries the GPUs its model's placed replicas do not
     use: two replicas on one GPU share its compute and gain little. Where they do not fit apart, they share."""
     model = replica_of(entry.spec.name)
-    siblings = [e for e in placed if model is not None and model in (e.spec.name, replica_of(e.spec.name))]
+    siblings = [e for e in placed if model is not None and model_of(e.spec.name) == model]
     taken = {i for e in siblings if e.placed is not None for i in e.placed.estimate.gpu_bytes}
     if model is None or not whole or not taken or not set(ledger) - taken:
         return _climb(entry, ledger, whole=whole)

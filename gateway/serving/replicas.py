@@ -30,6 +30,7 @@ class Replicas:
     def __init__(self, registry: Registry, metrics: Metrics) -> None:
         self.registry, self.metrics = registry, metrics
         self._routers: dict[str, ReplicaRouter] = {}
+        self._forgotten: set[str] = set()  # failed replicas already forgotten by their router
 
     def pick(self, deployment: Deployment, parsed: ServedRequest, session_key: str | None) -> Deployment:
         """The replica of `deployment`'s model for this request (`deployment` itself when it has none, or when
@@ -55,8 +56,11 @@ class Replicas:
         unloaded = state is WorkerState.STOPPED and not replica.policy.pinned  # an on-demand one, loaded by use
         if state is WorkerState.STARTING or unloaded:
             outstanding += router.balance_abs + 1  # the ready ones first
-        elif state is WorkerState.FAILED:
-            router.forget(replica.name)
+        elif state is WorkerState.FAILED and replica.name not in self._forgotten:
+            router.forget(replica.name)  # once: forgetting walks the router's sessions
+            self._forgotten.add(replica.name)
+        if state is not WorkerState.FAILED:
+            self._forgotten.discard(replica.name)
         return ReplicaLoad(replica.name, outstanding, healthy=(state in SERVING or unloaded) and not admission.full)
 
 
