@@ -20,6 +20,7 @@ from gateway.config_replicas import expand, replica_name
 from gateway.placement.inventory import Inventory
 from gateway.placement.policy import plan_models
 from gateway.placement.report import PlacementReport
+from gateway.placement.rungs import LC_PARTIAL
 
 GAIN = 1.05
 """A candidate within this factor of the best predicted total counts as a tie (the speed model's error)."""
@@ -70,7 +71,7 @@ def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Conf
     if runner is not None:
         note += f"; runner-up {runner.replicas}: {_said(runner)}"
     if skipped:
-        note += "; " + "; ".join(str(s) for s in skipped)
+        note += "; " + "; ".join(skipped)
     return _with(config, spec, best.replicas), note
 
 
@@ -78,7 +79,7 @@ def _trial(report: PlacementReport, base: PlacementReport, spec: ModelSpec, n: i
     """N replicas' predicted speed, or why N is not a candidate."""
     names = [replica_name(spec.name, k) for k in range(1, n + 1)]
     decisions = [report.decision(name) for name in names]
-    if any(d.plan is None or not d.plan.gpu_indices or d.prediction is None for d in decisions):
+    if any(d.plan is None or not d.plan.gpu_indices or d.rung == LC_PARTIAL or d.prediction is None for d in decisions):
         return f"{n} not wholly on GPUs"
     others = [d.model for d in base.decisions if d.model not in names]
     if any(report.decision(o).plan != base.decision(o).plan for o in others):
