@@ -24,6 +24,8 @@
 #   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
 #                                a V100-32GB, session-gguf-7b*.yaml held to a V100-16GB), into out/<date>-session-replay-*
 #   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, held to 16 GB)
+#   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
+#                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 # TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
 # to start no llama.cpp build at all.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
@@ -146,6 +148,21 @@ step_sessions() {  # $1: tm | gguf | llama-server
   release
 }
 
+step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the plan, on chat, Responses and Messages
+  local out=$S/out/$(date -u +%F)-tm-reasoning
+  mkdir -p "$out"
+  python3 -m bench.gpu.tm_reasoning make "$G/models/7b" "$G/models/7b-think"
+  hold 32510
+  python3 -m gateway serve --config bench/gpu/configs/tm-think-7b.yaml --gpus v100-32gb > "$out/gateway.log" 2>&1 &
+  local gw=$!
+  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/ready > /dev/null && break; kill -0 $gw || break; sleep 1; done
+  python3 -m bench.gpu.tm_reasoning check --model think --out "$out/reasoning.jsonl"
+  stamp "reasoning tm exit $?"
+  grep -o -- '--reasoning-parser [a-z0-9-]*' "$out/gateway.log" | head -1
+  kill -TERM $gw; wait $gw 2> /dev/null
+  release
+}
+
 stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}; steps ${STEPS:-default}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
@@ -160,6 +177,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     bench) step_bench "" ${REGRESS_ARGS:-} ;;
     bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ;;
     sessions:*) step_sessions "${step#sessions:}" ;;
+    reasoning:tm) step_reasoning_tm ;;
     *) stamp "unknown step $step" ;;
   esac
   [[ -f $G/env.sh ]] && source "$G/env.sh"

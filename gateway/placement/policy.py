@@ -291,12 +291,18 @@ def _climb_apart(entry: _Entry, ledger: dict[int, int], placed: list[_Entry], *,
     taken = {i for e in siblings if e.placed is not None for i in e.placed.estimate.gpu_bytes}
     if model is None or not whole or not taken or not set(ledger) - taken:
         return _climb(entry, ledger, whole=whole)
+    misses, warnings = list(entry.misses), list(entry.warnings)
     apart = _climb(entry, {i: (0 if i in taken else room) for i, room in ledger.items()}, whole=True)
     if apart is not None:
         return apart
-    entry.misses.clear()
-    entry.warnings.clear()
-    return _climb(entry, ledger, whole=True)
+    entry.misses[:] = misses  # the apart attempt's misses, against GPUs zeroed on purpose, would mislead
+    entry.warnings[:] = warnings
+    shared = _climb(entry, ledger, whole=True)
+    if shared is not None:
+        together = sorted(taken & set(shared.estimate.gpu_bytes))
+        entry.warnings.append(f"no placement apart from {model}'s other replicas fits: shares GPU {together} "
+                              "with them (they divide its compute)")  # fmt: skip
+    return shared
 
 
 def _tiers(entry: _Entry, budgets: dict[int, int], slots: int) -> tuple[list[Option], list[Option]]:

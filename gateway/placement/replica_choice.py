@@ -1,6 +1,7 @@
 """`replicas: auto` (docs/replicas.md): how many replicas of a model, against one placement of it.
 
-    resolve_replicas(config, inventory) ─▶ (config with each `auto` a number, {model: the note explaining it})
+    resolve_replicas(config, inventory) ─▶ (config with each `auto` a number, {model: the note explaining it},
+                                           the plan of that config: the winning trial's, planned once)
 
 For a model with `replicas: auto` and `concurrency` c on G GPUs, each N from 1 to min(G, c) is planned with the
 whole configuration (`plan_models`): N replicas of ceil(c / N) sessions each, against N = 1, which is the
@@ -34,12 +35,14 @@ class Trial:
     sessions: int  # per replica
 
 
-def resolve_replicas(config: Config, inventory: Inventory) -> tuple[Config, dict[str, str]]:
-    """`config` with every `replicas: auto` set to the number chosen, and why, per model (see the module)."""
+def resolve_replicas(config: Config, inventory: Inventory) -> tuple[Config, dict[str, str], PlacementReport | None]:
+    """`config` with every `replicas: auto` set to the number chosen, and why, per model (see the module), with
+    the plan of the returned config (the last choice's winning trial; None when no model says `auto`)."""
     notes: dict[str, str] = {}
+    report: PlacementReport | None = None
     for spec in [m for m in config.models if m.replicas == "auto"]:
-        config, notes[spec.name] = _choose(config, spec, inventory)
-    return config, notes
+        config, notes[spec.name], report = _choose(config, spec, inventory)
+    return config, notes, report
 
 
 def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
@@ -49,19 +52,21 @@ def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
     return config.model_copy(update={"models": expand(models)})
 
 
-def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Config, str]:
+def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Config, str, PlacementReport]:
     most = max(1, min(len(inventory.gpus), spec.concurrency))
-    base = plan_models(_with(config, spec, 1), inventory)
+    reports = {1: plan_models(_with(config, spec, 1), inventory)}
     trials: list[Trial] = []
     skipped: list[str] = []
     for n in range(1, most + 1):
-        trial = _trial(base if n == 1 else plan_models(_with(config, spec, n), inventory), base, spec, n)
+        reports[n] = reports.get(n) or plan_models(_with(config, spec, n), inventory)
+        trial = _trial(reports[n], reports[1], spec, n)
         if isinstance(trial, Trial):
             trials.append(trial)
         else:
             skipped.append(trial)
     if not trials:
-        return _with(config, spec, 1), "replicas: auto -> 1 (no placement of one replica on GPUs to compare)"
+        note = "replicas: auto -> 1 (no placement of one replica on GPUs to compare)"
+        return _with(config, spec, 1), note, reports[1]
     floor = config.placement_for(spec).min_tok_s_per_stream
     eligible = [t for t in trials if t.replicas == 1 or t.per_stream_tok_s >= floor]
     top = max(t.total_tok_s for t in eligible)
@@ -72,7 +77,7 @@ def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Conf
         note += f"; runner-up {runner.replicas}: {_said(runner)}"
     if skipped:
         note += "; " + "; ".join(skipped)
-    return _with(config, spec, best.replicas), note
+    return _with(config, spec, best.replicas), note, reports[best.replicas]
 
 
 def _trial(report: PlacementReport, base: PlacementReport, spec: ModelSpec, n: int) -> Trial | str:
@@ -97,8 +102,8 @@ def _said(trial: Trial) -> str:
 def plan_with_replicas(config: Config, inventory: Inventory) -> tuple[Config, PlacementReport]:
     """`plan_models` after `resolve_replicas`: the configuration the plans are of (each `auto` a number, its
     replicas made) and the report, each `auto` model's decision noting the choice first."""
-    config, notes = resolve_replicas(config, inventory)
-    report = plan_models(config, inventory)
+    config, notes, chosen = resolve_replicas(config, inventory)
+    report = chosen or plan_models(config, inventory)
     for name, note in notes.items():
         report.decision(name).notes.insert(0, note)
     return config, report

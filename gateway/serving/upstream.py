@@ -108,11 +108,12 @@ class Upstream:
     def _refused(self, status: int, content: bytes) -> GatewayError:
         return upstream_error_to_gateway(self.deployment.adapter.normalize_error(status, content))
 
-    async def _send(self, request: AnyEngineRequest, *, stream: bool) -> httpx.Response:
-        """Send; a transport failure, or the worker declared lost before the answer (its `lost_signal`), is
-        the `GatewayError` that says so."""
+    async def _send(
+        self, request: AnyEngineRequest, lost: asyncio.Future[str] | None, *, stream: bool
+    ) -> httpx.Response:
+        """Send; a transport failure, or the worker declared lost before the answer (`lost`, its `lost_signal`
+        when the call began), is the `GatewayError` that says so."""
         worker = self.deployment.worker
-        lost = worker.lost_signal()
         try:
             if lost is None:
                 return await self._client.send(self._request(request, stream=stream), stream=stream)
@@ -126,7 +127,7 @@ class Upstream:
 
     async def post(self, request: AnyEngineRequest) -> dict[str, Any]:
         """The worker's whole answer, a JSON object; raises `GatewayError` for every other outcome."""
-        response = await self._send(request, stream=False)
+        response = await self._send(request, self.deployment.worker.lost_signal(), stream=False)
         if response.status_code != 200:
             raise self._refused(response.status_code, response.content)
         try:
@@ -140,20 +141,20 @@ class Upstream:
     async def open_stream(self, request: AnyEngineRequest) -> httpx.Response:
         """The worker's streamed answer, open with status 200 (the caller closes it); a refusal is read whole,
         closed and raised as `GatewayError`, before any byte reaches the client."""
-        response = await self._send(request, stream=True)
+        lost = self.deployment.worker.lost_signal()
+        response = await self._send(request, lost, stream=True)
         if response.status_code != 200:
             try:
                 content = await response.aread()
             finally:
                 await response.aclose()
             raise self._refused(response.status_code, content)
-        self._cut_if_lost(response)
+        self._cut_if_lost(response, lost)
         return response
 
-    def _cut_if_lost(self, response: httpx.Response) -> None:
+    def _cut_if_lost(self, response: httpx.Response, lost: asyncio.Future[str] | None) -> None:
         """Keep an open body to cut (its socket shut) if the worker is declared lost: the relay's pending read
         then fails at once as a broken connection, its error frame naming the host. Costs nothing per chunk."""
-        lost = self.deployment.worker.lost_signal()
         if lost is None:
             return
         self._streams.add(response)
