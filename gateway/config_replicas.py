@@ -15,6 +15,8 @@ class _Replicable(Protocol):  # gateway.config.ModelSpec, which imports this mod
     def name(self) -> str: ...
     @property
     def replicas(self) -> int | str: ...
+    @property
+    def concurrency(self) -> int: ...
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
 
 
@@ -38,8 +40,9 @@ def model_of(name: str) -> str:
 
 
 def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
-    """Every model followed by its replicas 2..N as models of their own (idempotent: an `m@k` already listed,
-    as in a dumped configuration read back, is kept and not made again)."""
+    """Every model followed by its replicas 2..N as models of their own, each serving ceil(concurrency / N) of
+    the model's sessions (idempotent: an `m@k` already listed, as in a dumped configuration read back, is kept
+    and not made again, and then the sessions are taken as already split)."""
     listed = {spec.name: spec for spec in models}
     for name in listed:
         base = replica_of(name)
@@ -48,9 +51,12 @@ def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
             raise ValueError(f"{name!r}: '@' names a replica (k of `replicas: N` of {base!r}), not a model")
     out: list[ModelSpec] = []
     for spec in models:
+        n = spec.replicas if isinstance(spec.replicas, int) else 1  # auto: by the plan
+        names = [replica_name(spec.name, k) for k in range(2, n + 1)]
+        if names and not any(name in listed for name in names):  # `concurrency` is the model's: split it
+            spec = spec.model_copy(update={"concurrency": -(-spec.concurrency // n)})
         out.append(spec)
-        for k in range(2, (spec.replicas if isinstance(spec.replicas, int) else 1) + 1):  # auto: by the plan
-            name = replica_name(spec.name, k)
+        for name in names:
             if name not in listed:
                 out.append(spec.model_copy(update={"name": name, "aliases": (), "alias_patterns": (), "replicas": 1}))
     return tuple(out)

@@ -26,6 +26,8 @@
 #   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, held to 16 GB)
 #   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
+#   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
+#                                bench.loadgen at 16/32/64 streams through the gateway), into out/<date>-replicas-tm
 # TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
 # to start no llama.cpp build at all.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
@@ -163,6 +165,27 @@ step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the pl
   release
 }
 
+step_replicas_tm() {  # issue 38: two replicas vs one worker, the same memory (a V100-32GB's), one H200's compute
+  local out=$S/out/$(date -u +%F)-replicas-tm i=0
+  mkdir -p "$out"
+  [[ -f $G/models/1b/made ]] || { python3 .gpu/make_model.py "$G/models/1b" --shape 1b > "$out/make_model_1b.log" 2>&1 \
+    && touch "$G/models/1b/made"; }
+  hold 32510
+  for n in 1 2 2 1; do
+    i=$((i + 1))
+    python3 -m gateway serve --config "bench/gpu/configs/replicas-tm-1b-$n.yaml" --gpus v100-32gb > "$out/gateway-$i-r$n.log" 2>&1 &
+    local gw=$!
+    for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/ready > /dev/null && break; kill -0 $gw || break; sleep 1; done
+    python3 -m bench.loadgen --base-url http://127.0.0.1:8000/v1 --model tiny --endpoint completions --prompt-tokens 128 \
+      --output-tokens 256 --concurrency 16 32 64 --label "replicas-$n" --output "$out/loadgen-$i-r$n.json" \
+      --notes "H200 held to a V100-32GB's memory; random-weight TinyLlama-1.1B shape; $n TurboMind worker(s)" 2>&1 | tail -4
+    curl -s http://127.0.0.1:8000/metrics | grep '^voltgate:replica_picks_total' > "$out/picks-$i-r$n.txt"
+    kill -TERM $gw; wait $gw 2> /dev/null
+  done
+  stamp "replicas tm done"
+  release
+}
+
 stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}; steps ${STEPS:-default}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
@@ -178,6 +201,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ;;
     sessions:*) step_sessions "${step#sessions:}" ;;
     reasoning:tm) step_reasoning_tm ;;
+    replicas:tm) step_replicas_tm ;;
     *) stamp "unknown step $step" ;;
   esac
   [[ -f $G/env.sh ]] && source "$G/env.sh"

@@ -46,8 +46,7 @@ def resolve_replicas(config: Config, inventory: Inventory) -> tuple[Config, dict
 
 
 def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
-    sessions = -(-spec.concurrency // replicas)
-    chosen = spec.model_copy(update={"replicas": replicas, "concurrency": sessions})
+    chosen = spec.model_copy(update={"replicas": replicas})  # `expand` splits the sessions among them
     models = tuple(chosen if m.name == spec.name else m for m in config.models)
     return config.model_copy(update={"models": expand(models)})
 

@@ -41,8 +41,15 @@ def test_replicas_are_models_of_their_own_named_after_theirs() -> None:
 
 
 def test_a_dumped_config_reads_back_the_same() -> None:
-    c = config(spec("m", replicas=2))
+    c = config(spec("m", replicas=2, concurrency=7))
     assert Config.model_validate(c.model_dump(mode="json")).models == c.models
+
+
+def test_concurrency_is_the_models_split_among_its_replicas() -> None:
+    """As `replicas: auto` counts it: 64 sessions over 2 replicas are 32 each (not 64 each, which on a shared
+    GPU left the second replica no memory); an odd count rounds up."""
+    assert [m.concurrency for m in config(spec("m", replicas=2, concurrency=64)).models] == [32, 32]
+    assert [m.concurrency for m in config(spec("m", replicas=3, concurrency=7)).models] == [3, 3, 3]
 
 
 @pytest.mark.parametrize("name", ["m@3", "x@2"])
