@@ -44,7 +44,9 @@ if TYPE_CHECKING:  # the choice logic runs without llama.cpp loaded (its unit te
 
 log = logging.getLogger("voltgate.worker")
 
-DEFAULT_CTX_CHECKPOINTS = 8  # per slot; each costs one sequence's recurrent state in host memory
+# Per slot; each costs one sequence's recurrent state in host memory. A turn makes two; the next turn cuts
+# back to the later one and adds two: four keep a turn and its predecessor.
+DEFAULT_CTX_CHECKPOINTS = 4
 TAIL = 4  # the last checkpoint this many tokens before the prompt's end (llama-server's choice too)
 
 
@@ -154,19 +156,22 @@ class CheckpointStore:
 class Checkpointer:
     """The scheduler's hooks for a recurrent or hybrid model (see the module docstring)."""
 
-    def __init__(self, model: Model, store: CheckpointStore, n_batch: int) -> None:
+    def __init__(self, model: Model, store: CheckpointStore, n_batch: int, min_prompt: int = 0) -> None:
         self._model = model
         self.store = store
         self._n_batch = n_batch
+        # Shorter prompts are not checkpointed: on a GPU the state's copy to host memory costs about what
+        # a short prompt's prefill does (the prompt cache's `SavePolicy.long_prompt_tokens`, same reason).
+        self._min_prompt = min_prompt
 
     def chunk_end(self, prompt_len: int, start: int, end: int) -> int:
-        return chunk_end(prompt_len, self._n_batch, start, end)
+        return end if prompt_len < self._min_prompt else chunk_end(prompt_len, self._n_batch, start, end)
 
     def after_decode(self, runs: Sequence[Run]) -> None:
         """Checkpoint each text-only prompt whose prefill just reached one of its targets."""
         for run in runs:
             seq = run.seq
-            if seq is None or seq.request.images:
+            if seq is None or seq.request.images or len(seq.request.prompt) < self._min_prompt:
                 continue
             pos = len(run.slot.cached)
             if pos in targets(len(seq.request.prompt), self._n_batch):

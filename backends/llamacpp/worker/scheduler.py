@@ -80,7 +80,7 @@ class Scheduler:
     shares nothing goes to the emptiest slot), and only the rest is prefilled. KV that a prompt overwrites
     may be saved to host memory and loaded back later (`prompt_cache`). `fill_gaps`: see the module
     docstring. `sampling_threads`: see `picking`. `ctx_checkpoints`: per slot, for a recurrent or hybrid
-    model only (`checkpoints`); 0 = off.
+    model only (`checkpoints`: a dense one gets no `_ckpt`, so every hook is skipped); 0 = off.
     """
 
     def __init__(
@@ -109,9 +109,9 @@ class Scheduler:
         self._on_fatal = on_fatal
         self._images = images
         store = CheckpointStore(ctx_checkpoints if model.recurrent else 0, recurrent=model.recurrent)
-        # None for a dense model (or checkpoints off): then every hook below is skipped
-        self._ckpt = Checkpointer(model, store, n_batch) if store.limit else None
-        self._host = HostPrompts(model, prompt_cache or PromptCache(0), save_policy, store)  # see `prompt_cache`
+        policy = save_policy or SavePolicy()
+        self._ckpt = Checkpointer(model, store, n_batch, policy.long_prompt_tokens) if store.limit else None
+        self._host = HostPrompts(model, prompt_cache or PromptCache(0), policy, store)  # see `prompt_cache`
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
