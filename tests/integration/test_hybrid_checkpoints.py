@@ -111,3 +111,13 @@ def test_a_prefix_restored_from_host_memory_is_cut_back_to_its_checkpoint(
         health = worker.health()
         assert health["prompt_cache"]["restored_total"] == 1 and health["checkpoints"]["restored_total"] == 1
     assert text2 == complete(cold, turn2(answer))[0]
+
+
+def test_a_dense_model_takes_no_checkpoints(smollm2_path: Path, tmp_path: Path) -> None:
+    """SmolLM2 (dense): its KV is cut at the shared prefix itself, nothing is ever checkpointed."""
+    with running(smollm2_path, tmp_path) as worker:
+        answer, n1, _ = complete(worker, turn1())
+        _, _, cached = complete(worker, turn2(answer))
+        assert n1 - 2 <= cached <= n1 + ANSWER_TOKENS  # the shared prefix itself, not a checkpoint's TAIL back
+        points = worker.health()["checkpoints"]
+        assert (points["limit"], points["entries"], points["saved_total"], points["restored_total"]) == (0, 0, 0, 0)

@@ -3,8 +3,11 @@ which checkpoint a cut restores, the per-slot bound, and the scheduler's hooks o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
+from backends.base import DeploymentPlan, EngineName
+from backends.llamacpp import LlamaCppAdapter
 from backends.llamacpp.worker.checkpoints import (
     TAIL,
     Checkpoint,
@@ -114,3 +117,19 @@ def test_without_a_usable_checkpoint_the_sequence_is_cleared() -> None:
     dense = FakeModel()  # no checkpointer (a dense model, or checkpoints off): the old path, a clear
     assert uncut(cast(Any, dense), None, 3, 150) == 0
     assert dense.calls == [("clear", 3, -1)]
+
+
+def test_prompts_shorter_than_the_copy_threshold_get_no_checkpoints() -> None:
+    ckpt = Checkpointer(cast(Any, FakeModel()), CheckpointStore(4, recurrent=True), 512, min_prompt=1024)
+    assert ckpt.chunk_end(1000, 0, 512) == 512  # below the threshold: the chunk is not cut
+    assert ckpt.chunk_end(2000, 1400, 1912) == 1484  # 2000 - TAIL - 512
+
+
+def test_the_config_option_reaches_the_worker_only_when_set() -> None:
+    plan: dict[str, Any] = {"model": "h", "engine": EngineName.LLAMACPP, "source_path": Path("/m/h.gguf"),
+                            "model_format": "gguf", "context_tokens": 512, "slots": 2}  # fmt: skip
+    argv = LlamaCppAdapter(python="py").launch_spec(DeploymentPlan.model_validate(plan), 9).argv
+    assert "--ctx-checkpoints" not in argv  # the worker's default
+    pinned = DeploymentPlan.model_validate({**plan, "llamacpp": {"ctx_checkpoints": 0}})
+    argv = LlamaCppAdapter(python="py").launch_spec(pinned, 9).argv
+    assert argv[argv.index("--ctx-checkpoints") + 1] == "0"
