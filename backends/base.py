@@ -51,6 +51,13 @@ class LlamaCppOptions(_Frozen):
         "prompt shares more with it (llama-server's --cache-ram); 0 = off; default 2048, cut by the plan to half "
         "the host memory the model leaves",
     )
+    ctx_checkpoints: int | None = Field(
+        default=None,
+        ge=0,
+        description="recurrent/hybrid models only (Qwen3-Next, Granite-4.0-H): copies of a slot's recurrent state "
+        "kept per slot near each prompt's end so a later prompt sharing most of it is not prefilled whole "
+        "(worker --ctx-checkpoints, llama-server's --ctx-checkpoints); 0 = off; default the worker's (4)",
+    )
     cache_type: Literal["bf16", "f16"] | None = Field(
         default=None,
         description="the 16-bit KV cache type (worker --cache-type); default: the worker's (bf16 on the CPU, so "

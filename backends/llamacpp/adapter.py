@@ -63,6 +63,8 @@ class LlamaCppAdapter:
             argv += ["--n-cpu-moe", str(plan.n_cpu_moe)]
         if opts.prompt_cache_mib is not None:
             argv += ["--prompt-cache-mib", str(opts.prompt_cache_mib)]
+        if opts.ctx_checkpoints is not None and plan.task == "generate":
+            argv += ["--ctx-checkpoints", str(opts.ctx_checkpoints)]
         if not opts.flash_attn:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)

@@ -137,7 +137,8 @@ def completion(worker: Worker, path: str, body: dict[str, Any]) -> dict[str, Any
 def test_the_worker_serves_the_hybrid_model(hybrid: tuple[Path, Layout], tmp_path: Path) -> None:
     """A chat and a completion at once (two sequences decoded together, each with its own recurrent state);
     then a prompt again after a longer one that shares its prefix: a recurrent state cannot be cut back to a
-    shared prefix, so the worker reuses none, and the greedy answer is the cold one."""
+    shared prefix, and these prompts are too short for a context checkpoint (`checkpoints`, tested in
+    test_hybrid_checkpoints.py), so the worker reuses none, and the greedy answer is the cold one."""
     requests = [
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}]}),
         ("/v1/completions", {"prompt": "Once upon a time"}),
@@ -150,5 +151,5 @@ def test_the_worker_serves_the_hybrid_model(hybrid: tuple[Path, Layout], tmp_pat
             completion(worker, "/v1/completions", {"prompt": text}) for text in (prompt, f"{prompt} Then", prompt)
         ]
         assert replies[2]["choices"][0]["text"] == replies[0]["choices"][0]["text"]
-        # as docs/known-limits.md says: no prefix is reused, every prompt is prefilled whole
+        # no checkpoint under --prompt-cache-min-tokens (64 on the CPU): every prompt is prefilled whole
         assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies] == [0, 0, 0]

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from backends.errors import ErrorCode
 from backends.llamacpp.worker import replies
+from backends.llamacpp.worker.checkpoints import DEFAULT_CTX_CHECKPOINTS
 from backends.llamacpp.worker.choices import Choice, cancel_all
 from backends.llamacpp.worker.httpkit import (
     EventStream,
@@ -59,6 +60,8 @@ class WorkerSpec:
     """Host memory for KV states of overwritten slots (`prompt_cache`); 0 = off."""
     save_policy: SavePolicy = field(default_factory=SavePolicy)
     """Which slot states are worth that copy (`prompt_cache.SavePolicy`)."""
+    ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS
+    """Context checkpoints per slot, for a recurrent or hybrid model only (`checkpoints`); 0 = off."""
     mmproj: Path | None = None
     """The multimodal projector GGUF: with one, requests may carry images."""
 
@@ -92,6 +95,7 @@ class _Engine:
             images=self._eval_image if self.projector is not None else None,
             prompt_cache=PromptCache(spec.prompt_cache_mib * 2**20),
             save_policy=spec.save_policy,
+            ctx_checkpoints=spec.ctx_checkpoints,
         )
         self.scheduler.start()
 

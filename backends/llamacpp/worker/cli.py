@@ -22,6 +22,7 @@ import uvicorn
 
 from backends.llamacpp.worker.auth import require_token
 from backends.llamacpp.worker.chat_server import WorkerSpec, create_app
+from backends.llamacpp.worker.checkpoints import DEFAULT_CTX_CHECKPOINTS
 from backends.llamacpp.worker.embed_server import EmbedSpec
 from backends.llamacpp.worker.embed_server import create_app as create_embed_app
 from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooling
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m backends.llamacpp.worker", description=__doc__)
     _serving_args(p)
     _decoding_args(p)
+    _cache_args(p)
     _task_args(p)
     return p
 
@@ -125,6 +127,9 @@ def _decoding_args(p: argparse.ArgumentParser) -> None:
         help="threads running the sampler chains of one step in parallel (temperature/top_p/penalties/grammar "
         "requests; plain greedy needs none); same tokens as 1",
     )
+
+
+def _cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompt-cache-mib",
         type=_non_negative,
@@ -139,6 +144,14 @@ def _decoding_args(p: argparse.ArgumentParser) -> None:
         help="a prompt at least this long is worth a copy of its KV to host memory even before it is reused "
         f"(reused prefixes and named sessions always are); auto = {LONG_PROMPT_TOKENS_CPU} on the CPU, "
         f"{LONG_PROMPT_TOKENS_GPU} when layers are on a GPU, where the copy costs about a short prompt's prefill",
+    )
+    p.add_argument(
+        "--ctx-checkpoints",
+        type=_non_negative,
+        default=DEFAULT_CTX_CHECKPOINTS,
+        help="recurrent/hybrid models only (Mamba, Qwen3-Next): copies of a slot's recurrent state kept per slot "
+        "near the end of each prompt, so a later prompt that shares most of it is not prefilled whole (like "
+        "llama-server's --ctx-checkpoints); 0 = off",
     )
 
 
@@ -195,6 +208,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         sampling_threads=args.sampling_threads,
         prompt_cache_mib=args.prompt_cache_mib,
         save_policy=SavePolicy(_long_prompt_tokens(args)),
+        ctx_checkpoints=args.ctx_checkpoints,
         mmproj=args.mmproj,
     )
 

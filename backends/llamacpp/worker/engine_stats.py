@@ -6,6 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from backends.llamacpp.worker.checkpoints import CheckpointStats
 from backends.llamacpp.worker.prompt_cache import PromptCacheStats
 
 
@@ -28,6 +29,7 @@ class SchedulerStats:
     generation_tokens_total: int
     tokens_per_second: float
     prompt_cache: PromptCacheStats  # KV states saved to host memory (`prompt_cache`)
+    checkpoints: CheckpointStats  # a recurrent or hybrid model's context checkpoints (`checkpoints`)
 
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -61,7 +63,14 @@ class EngineCounters:
         self._kv = (used, cached)
 
     def snapshot(
-        self, now_s: float, *, slots: int, busy: int, queued: int, prompt_cache: PromptCacheStats
+        self,
+        now_s: float,
+        *,
+        slots: int,
+        busy: int,
+        queued: int,
+        prompt_cache: PromptCacheStats,
+        checkpoints: CheckpointStats,
     ) -> SchedulerStats:
         self._trim(now_s)
         window_s = min(THROUGHPUT_WINDOW_S, max(now_s - self._started_s, 1e-3))
@@ -80,6 +89,7 @@ class EngineCounters:
             generation_tokens_total=c["generated"],
             tokens_per_second=round(sum(n for _, n in self._recent) / window_s, 2),
             prompt_cache=prompt_cache,
+            checkpoints=checkpoints,
         )
 
     def _trim(self, now_s: float) -> None:

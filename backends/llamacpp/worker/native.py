@@ -198,6 +198,9 @@ class Model:
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(lib.llama_vocab_bos(self._vocab))
         self.eos_id = int(lib.llama_vocab_eos(self._vocab))
+        # A recurrent (Mamba, gated delta net) or hybrid model's sequence cannot be cut at any position
+        # (`seq_remove` fails inside its recurrent state): `checkpoints` serve its prefix reuse.
+        self.recurrent = bool(lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
         self._logits_views: dict[tuple[int, int], npt.NDArray[np.float32]] = {}
         # A set, not a ctypes call per generated token (each native call also hands the GIL away).
@@ -282,6 +285,22 @@ class Model:
         """Load a `seq_state_save` copy into an empty sequence; False when llama.cpp refuses it (no room)."""
         buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
         return int(lib.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id)) > 0
+
+    def seq_partial_save(self, seq_id: int) -> bytearray | None:
+        """A copy of the part of a sequence's state that cannot be cut back (a recurrent model's state;
+        `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`: not the attention KV); None on failure. `checkpoints` only."""
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(lib.llama_state_seq_get_size_ext(self._ctx, seq_id, flags))
+        state = bytearray(size)
+        buffer = (ctypes.c_uint8 * size).from_buffer(state)
+        written = int(lib.llama_state_seq_get_data_ext(self._ctx, buffer, size, seq_id, flags)) if size > 0 else 0
+        return None if written <= 0 else state if written == size else state[:written]
+
+    def seq_partial_restore(self, seq_id: int, state: bytearray) -> bool:
+        """Load a `seq_partial_save` copy over the sequence's recurrent state (its attention KV stays)."""
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return int(lib.llama_state_seq_set_data_ext(self._ctx, buffer, len(state), seq_id, flags)) > 0
 
     # --- decoding ---------------------------------------------------------------------------------
 

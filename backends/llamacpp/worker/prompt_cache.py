@@ -25,6 +25,11 @@ image, from its digest), so a state is only ever reused up to the first token or
 scheduler then cuts it as it cuts a slot's own KV (`GenerationRequest.reusable`, never inside an image).
 The saved states are bounded by `limit_bytes` (least recently used first out); 0 turns the cache off.
 
+A recurrent or hybrid model's state cannot be cut back (`checkpoints`): an entry carries the slot's context
+checkpoints (their bytes count against the bound), which come back with it, so a cut inside it restores one
+of them, or clears the slot (a full prefill, never a wrong state). Such an entry is only loaded when what it
+keeps after that cut beats what the slot keeps (`checkpoints.reachable`). A dense model's entries carry none.
+
 Engine thread only, like `slots`.
 """
 
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backends.base import PROMPT_CACHE_MIB
+from backends.llamacpp.worker.checkpoints import Checkpoint, CheckpointStore, reachable
 from backends.llamacpp.worker.slots import MIN_REUSE_TOKENS, Slot, common_prefix_len
 
 if TYPE_CHECKING:  # the cache logic runs without llama.cpp loaded (its unit tests stay native-free)
@@ -68,6 +74,11 @@ MAX_ENTRIES = 64
 class SavedPrompt:
     tokens: tuple[int, ...]
     state: bytearray  # llama_state_seq_get_data's bytes of the sequence that held exactly `tokens`
+    checkpoints: tuple[Checkpoint, ...] = ()  # a recurrent model's (`checkpoints`), at most len(tokens)
+
+    @property
+    def size(self) -> int:
+        return len(self.state) + sum(len(c.state) for c in self.checkpoints)
 
 
 @dataclass(frozen=True)
@@ -141,24 +152,26 @@ class PromptCache:
     def fits_without_evicting(self, tokens: Sequence[int], size: int) -> bool:
         """A state of `size` bytes holding `tokens` fits beside every entry it does not cover."""
         covered = self._covered_by(tuple(tokens))
-        freed = sum(len(self._entries[k].state) for k in covered)
+        freed = sum(self._entries[k].size for k in covered)
         return (
             self.enabled
             and self._bytes - freed + size <= self.limit_bytes
             and len(self._entries) - len(covered) < self._max_entries
         )
 
-    def put(self, tokens: Sequence[int], state: bytearray) -> bool:
-        """Keep `state` (the KV of exactly `tokens`); entries it covers go, then the oldest until it fits."""
-        size = len(state)
+    def put(self, tokens: Sequence[int], state: bytearray, checkpoints: Sequence[Checkpoint] = ()) -> bool:
+        """Keep `state` (the KV of exactly `tokens`, with the slot's `checkpoints`); entries it covers go, then
+        the oldest until it fits."""
+        entry = SavedPrompt(tuple(tokens), state, tuple(checkpoints))
+        size = entry.size
         if not self.enabled or size > self.limit_bytes or not tokens:
             return False
-        key = tuple(tokens)
+        key = entry.tokens
         for other in self._covered_by(key):
             self._drop(other)
         while self._entries and (self._bytes + size > self.limit_bytes or len(self._entries) >= self._max_entries):
             self._drop(next(iter(self._entries)))
-        self._entries[key] = SavedPrompt(key, state)
+        self._entries[key] = entry
         self._bytes += size
         self._saved += 1
         return True
@@ -200,17 +213,24 @@ class PromptCache:
         )
 
     def _drop(self, key: tuple[int, ...]) -> None:
-        self._bytes -= len(self._entries.pop(key).state)
+        self._bytes -= self._entries.pop(key).size
 
 
 class HostPrompts:
     """The scheduler's hooks: save a slot worth keeping while idle or before a prompt overwrites it, restore a
     better saved prefix, and tell the slot choice which states are cheap to lose."""
 
-    def __init__(self, model: Model, cache: PromptCache, policy: SavePolicy | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        cache: PromptCache,
+        policy: SavePolicy | None = None,
+        checkpoints: CheckpointStore | None = None,
+    ) -> None:
         self._model = model
         self.cache = cache
         self.policy = policy or SavePolicy()
+        self.checkpoints = checkpoints or CheckpointStore(0)
         self._too_big: dict[int, int] = {}  # slot id -> its cached length when its state did not fit
 
     def precious(self, slot: Slot) -> bool:
@@ -247,7 +267,16 @@ class HostPrompts:
         entry, shared = found
         if shared <= kept or shared < MIN_REUSE_TOKENS:
             return
+        if self.checkpoints.recurrent and not self._gains(slot, entry, prompt, kept, shared):
+            return
         self._restore(slot, entry, shared)
+
+    def _gains(self, slot: Slot, entry: SavedPrompt, prompt: Sequence[int], kept: int, shared: int) -> bool:
+        """A recurrent model: the entry keeps more than the slot once each is cut for `prompt` (the scheduler
+        keeps at most all but the last prompt token) back to a checkpoint, or to nothing."""
+        last = len(prompt) - 1
+        mine = reachable(len(slot.cached), self.checkpoints.of(slot.seq_id), min(kept, last))
+        return reachable(len(entry.tokens), entry.checkpoints, min(shared, last)) > mine
 
     def _unsaved(self, slot: Slot) -> bool:
         """Worth a copy that has not been made, and not one already found too big for the cache."""
@@ -259,9 +288,11 @@ class HostPrompts:
     def _restore(self, slot: Slot, entry: SavedPrompt, shared: int) -> None:
         self._model.seq_clear(slot.seq_id)
         slot.cached.clear()
+        self.checkpoints.replace(slot.seq_id, entry.checkpoints)
         if not self._model.seq_state_restore(slot.seq_id, entry.state):
             log.warning("restoring a saved prompt of %d tokens into slot %d failed", len(entry.tokens), slot.seq_id)
             self._model.seq_clear(slot.seq_id)
+            self.checkpoints.clear(slot.seq_id)
             self.cache.drop(entry)
             return
         slot.cached.extend(entry.tokens)
@@ -272,14 +303,15 @@ class HostPrompts:
 
     def _save(self, slot: Slot, *, idle: bool) -> bool:
         started = time.perf_counter()
+        checkpoints = self.checkpoints.of(slot.seq_id)  # a recurrent model's: they go with the state
         size = self._model.seq_state_size(slot.seq_id)
         if size <= 0 or size > self.cache.limit_bytes:
             self._too_big[slot.seq_id] = len(slot.cached)
             return False
-        if idle and not self.cache.fits_without_evicting(slot.cached, size):
+        if idle and not self.cache.fits_without_evicting(slot.cached, size + sum(len(c.state) for c in checkpoints)):
             return False
         state = self._model.seq_state_save(slot.seq_id, size)
-        if state is None or not self.cache.put(slot.cached, state):
+        if state is None or not self.cache.put(slot.cached, state, checkpoints):
             return False
         seconds = time.perf_counter() - started
         self.cache.record_save(seconds, idle=idle)

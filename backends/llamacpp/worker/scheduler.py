@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from backends.llamacpp.worker.checkpoints import Checkpointer, CheckpointStore, uncut
 from backends.llamacpp.worker.engine_stats import EngineCounters, SchedulerStats
 from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
@@ -53,6 +54,8 @@ from backends.llamacpp.worker.tickets import (
     FinishReason,
     GenerationRequest,
     Outbox,
+    QueueFullError,
+    SchedulerClosedError,
     Started,
     TextDelta,
     Ticket,
@@ -67,14 +70,6 @@ __all__ = ["Event", "Failed", "Finished", "GenerationRequest", "QueueFullError",
            "SchedulerStats", "TextDelta", "Ticket", "Usage"]  # fmt: skip
 
 
-class QueueFullError(Exception):
-    """Every slot is busy and `max_queue` requests already wait for one."""
-
-
-class SchedulerClosedError(Exception):
-    """The engine has stopped (shutdown or a fatal llama.cpp error)."""
-
-
 class Scheduler:
     """Runs every request on one model: `slots` sequences decode together, the rest wait in a FIFO.
 
@@ -84,7 +79,8 @@ class Scheduler:
     work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
     shares nothing goes to the emptiest slot), and only the rest is prefilled. KV that a prompt overwrites
     may be saved to host memory and loaded back later (`prompt_cache`). `fill_gaps`: see the module
-    docstring. `sampling_threads`: see `picking`.
+    docstring. `sampling_threads`: see `picking`. `ctx_checkpoints`: per slot, for a recurrent or hybrid
+    model only (`checkpoints`: a dense one gets no `_ckpt`, so every hook is skipped); 0 = off.
     """
 
     def __init__(
@@ -101,6 +97,7 @@ class Scheduler:
         images: ImageEvaluator | None = None,
         prompt_cache: PromptCache | None = None,
         save_policy: SavePolicy | None = None,
+        ctx_checkpoints: int = 0,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -111,7 +108,10 @@ class Scheduler:
         self._filler_token = max(model.bos_id, 0)
         self._on_fatal = on_fatal
         self._images = images
-        self._host = HostPrompts(model, prompt_cache or PromptCache(0), save_policy)  # see `prompt_cache`
+        store = CheckpointStore(ctx_checkpoints if model.recurrent else 0, recurrent=model.recurrent)
+        policy = save_policy or SavePolicy()
+        self._ckpt = Checkpointer(model, store, n_batch, policy.long_prompt_tokens) if store.limit else None
+        self._host = HostPrompts(model, prompt_cache or PromptCache(0), policy, store)  # see `prompt_cache`
         self._slots = [Slot(seq_id=i) for i in range(slots)]
         self._running: list[SeqState] = []  # admission order: prefill is first come, first served
         self._batch = Batch(n_batch)
@@ -175,10 +175,11 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         saved = self._host.cache.stats()  # ints the engine thread updates: a snapshot, like the rest
+        points, now = self._host.checkpoints.stats(), time.monotonic()
         with self._cond:
             busy, queued = len(self._slots) - self._free_slots, len(self._waiting)
             return self._counters.snapshot(
-                time.monotonic(), slots=len(self._slots), busy=busy, queued=queued, prompt_cache=saved
+                now, slots=len(self._slots), busy=busy, queued=queued, prompt_cache=saved, checkpoints=points
             )
 
     def _wake(self) -> None:
@@ -281,6 +282,8 @@ class Scheduler:
         elif mate is not None:  # the prompt is in a mate's KV: copy it, decode only the last prompt token
             self._model.seq_copy(mate.slot.seq_id, slot.seq_id)
             slot.cached[:] = mate.slot.cached
+            if self._ckpt is not None:  # the copy happens at the next decode: nothing to restore over yet
+                self._ckpt.store.clear(slot.seq_id)
             seq.cached_tokens = self._trim(slot, len(prompt) - 1)
         self._running.append(seq)
         self._update_kv_stats()
@@ -288,11 +291,12 @@ class Scheduler:
             self._outbox.put(ticket, Started(seq.usage()))
 
     def _trim(self, slot: Slot, keep: int) -> int:
-        """Cut a slot's KV to its first `keep` positions (all of it if llama.cpp cannot); what is kept."""
+        """Cut a slot's KV to its first `keep` positions (else to a checkpoint, or all: `uncut`); what is kept."""
         if keep < len(slot.cached) and not self._model.seq_remove(slot.seq_id, keep):
-            self._model.seq_clear(slot.seq_id)
-            keep = 0
+            keep = uncut(self._model, self._ckpt, slot.seq_id, keep)
         del slot.cached[keep:]
+        if self._ckpt is not None:
+            self._ckpt.store.cut(slot.seq_id, keep)
         return keep
 
     def _mate(self, group: int) -> SeqState | None:
@@ -322,6 +326,8 @@ class Scheduler:
             if stop == start:
                 continue
             end = start + min(budget, stop - start)
+            if self._ckpt is not None:  # end the chunk where a checkpoint is due
+                end = self._ckpt.chunk_end(len(prompt), start, end)
             runs.append(Run(seq.slot, seq, prompt[start:end], end == len(prompt)))
             used += end - start
         if self._fill_gaps and len(runs) > 1:
@@ -355,6 +361,8 @@ class Scheduler:
                 prefilled += len(run.tokens) if run.seq.pending is None else 0
                 run.slot.cached.extend(run.tokens)
                 run.seq.pending = None
+        if self._ckpt is not None:
+            self._ckpt.after_decode(runs)
         outputs += self._hand_over_prompts(outputs)
         if outputs:
             self._pick(outputs, batch.n_outputs)
@@ -376,6 +384,8 @@ class Scheduler:
             for follower in leader.followers:
                 self._model.seq_copy(leader.slot.seq_id, follower.slot.seq_id)
                 follower.slot.cached[:] = leader.slot.cached
+                if self._ckpt is not None:  # the leader's checkpoints hold the same tokens' states
+                    self._ckpt.store.replace(follower.slot.seq_id, self._ckpt.store.of(leader.slot.seq_id))
                 follower.cached_tokens = len(follower.request.prompt)
                 follower.leader = None
                 handed.append((follower, index, row))
@@ -403,13 +413,15 @@ class Scheduler:
             if run.seq is not None:
                 self._model.seq_clear(run.slot.seq_id)
                 run.slot.cached.clear()
+                self._host.checkpoints.clear(run.slot.seq_id)
                 self._release(run.seq, Failed(f"llama.cpp decode failed: {exc}"), aborted=False)
 
     def _drop_fillers(self, runs: list[Run]) -> None:
+        """Remove the fillers' tokens (a recurrent state took one in: back to a checkpoint or cleared, `uncut`)."""
         for run in runs:
             if run.seq is None and not self._model.seq_remove(run.slot.seq_id, len(run.slot.cached)):
-                self._model.seq_clear(run.slot.seq_id)
-                run.slot.cached.clear()
+                del run.slot.cached[uncut(self._model, self._ckpt, run.slot.seq_id, len(run.slot.cached)) :]
+                self._host.checkpoints.cut(run.slot.seq_id, len(run.slot.cached))
 
     def _on_token(self, seq: SeqState, token: int, entry: TokenLogprob | None) -> None:
         seq.n_generated += 1

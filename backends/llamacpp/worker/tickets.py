@@ -253,3 +253,11 @@ class Outbox:
                 # RuntimeError: the event loop is closed, so nobody is listening any more.
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_dispatch, items)
+
+
+class QueueFullError(Exception):
+    """Every slot is busy and `max_queue` requests already wait for one (`Scheduler.submit`)."""
+
+
+class SchedulerClosedError(Exception):
+    """The engine has stopped (shutdown or a fatal llama.cpp error)."""
