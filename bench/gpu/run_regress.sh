@@ -28,6 +28,9 @@
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
 #                                bench.loadgen at 16/32/64 streams through the gateway), into out/<date>-replicas-tm
+# ONE_BUILD=1: one CUDA build instead of two (about half the build's device time): llama-server's, whose
+# libllama/libggml/libmtmd the worker's llama-cpp-python then loads (LLAMA_CPP_LIB_PATH, MTMD_CPP_LIB): both sides
+# run the very same llama.cpp binaries.
 # TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
 # to start no llama.cpp build at all.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
@@ -71,6 +74,12 @@ step_setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
   [[ ${SKIP_LLAMA:-} == 1 ]] && { source "$G/env.sh"; return; }  # TurboMind steps only: no llama.cpp builds
+  if [[ ${ONE_BUILD:-} == 1 && ! -f $G/llama_build.started ]]; then  # the worker loads the llama-server build's libs
+    touch "$G/llama_build.started"
+    [[ -d $G/src/llama_cpp_python-0.3.36 ]] || { mkdir -p "$G/src"; python3 -m tarfile -e .gpu/pack/llama_cpp_python.tar.xz "$G/src"; }
+    setsid nohup bash -c "while [[ ! -f $G/server_build.rc ]]; do sleep 2; done; cp $G/server_build.rc $G/llama_build.rc" \
+      > /dev/null 2>&1 < /dev/null &
+  fi
   if [[ ! -f $G/llama_build.rc && ! -f $G/llama_build.started ]]; then
     touch "$G/llama_build.started"
     setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" \
@@ -190,6 +199,7 @@ stamp "start; commit ${VG_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || e
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
 SERVER=$G/build-server/bin/llama-server
+[[ ${ONE_BUILD:-} == 1 ]] && export LLAMA_CPP_LIB_PATH=$G/build-server/bin MTMD_CPP_LIB=$G/build-server/bin
 for step in ${STEPS:-setup model gguf server bench}; do
   stamp "$step"
   case $step in
