@@ -103,7 +103,7 @@ def responses_checks(c: Checks) -> None:
 
 
 def messages_checks(c: Checks) -> None:
-    body = {"model": c.model, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 1024},
+    body = {"model": c.model, "max_tokens": 1040, "thinking": {"type": "enabled", "budget_tokens": 1024},
             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
     r = c.http.post("/v1/messages", json=body, headers=HEADERS)
     blocks = r.json().get("content", []) if r.status_code == 200 else []
