@@ -289,17 +289,18 @@ def _climb_apart(entry: _Entry, ledger: dict[int, int], placed: list[_Entry], *,
     model = replica_of(entry.spec.name)
     siblings = [e for e in placed if model is not None and model_of(e.spec.name) == model]
     taken = {i for e in siblings if e.placed is not None for i in e.placed.estimate.gpu_bytes}
-    if model is None or not whole or not taken or not set(ledger) - taken:
+    if model is None or not whole or not taken:
         return _climb(entry, ledger, whole=whole)
-    misses, warnings = list(entry.misses), list(entry.warnings)
-    apart = _climb(entry, {i: (0 if i in taken else room) for i, room in ledger.items()}, whole=True)
-    if apart is not None:
-        return apart
-    entry.misses[:] = misses  # the apart attempt's misses, against GPUs zeroed on purpose, would mislead
-    entry.warnings[:] = warnings
+    if set(ledger) - taken:
+        misses, warnings = list(entry.misses), list(entry.warnings)
+        apart = _climb(entry, {i: (0 if i in taken else room) for i, room in ledger.items()}, whole=True)
+        if apart is not None:
+            return apart
+        entry.misses[:] = misses  # the apart attempt's misses, against GPUs zeroed on purpose, would mislead
+        entry.warnings[:] = warnings
     shared = _climb(entry, ledger, whole=True)
     if shared is not None:
-        together = sorted(taken & set(shared.estimate.gpu_bytes))
+        together = ", ".join(str(i) for i in sorted(taken & set(shared.estimate.gpu_bytes)))
         entry.warnings.append(f"no placement apart from {model}'s other replicas fits: shares GPU {together} "
                               "with them (they divide its compute)")  # fmt: skip
     return shared

@@ -374,6 +374,8 @@ def test_replicas_are_placed_apart_while_gpus_are_free_then_share(zoo: Path) -> 
     three = plan(zoo, "2xv100-32gb", {**model, "concurrency": 1, "context": 1024, "replicas": 3})
     gpus = [tuple(d.plan.gpu_indices) for d in three.decisions if d.plan]
     assert len(gpus) == 3 and set(gpus) == {(0,), (1,)}
+    shares = [(d.model, w) for d in three.decisions for w in d.warnings if "other replicas" in w]
+    assert len(shares) == 1 and shares[0][0] == "m@3" and "shares GPU 0" in shares[0][1], shares
 
 
 def test_replicas_auto_weighs_replicas_against_tensor_parallelism(zoo: Path) -> None:
