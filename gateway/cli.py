@@ -183,7 +183,8 @@ def _cluster_app(cfg: Config, target: str) -> FastAPI:
     if not plans:
         err.print("[red]error:[/red] no model could be placed on any host; see the plan above")
         raise typer.Exit(1)
-    return create_app(cfg, plans, refused=refused, placement=serving.placement(), cluster=serving)
+    # serving.config: with each `replicas: auto` resolved over the hosts and its replicas made
+    return create_app(serving.config, plans, refused=refused, placement=serving.placement(), cluster=serving)
 
 
 def _place(cfg: Config, inventory: Inventory) -> tuple[Desired, PlacementReport]:
@@ -258,12 +259,12 @@ def plan(
 
 
 def _plan_cluster(cfg: Config, target: str, as_json: bool) -> None:
-    from gateway.cluster import ClusterFileError, plan_cluster
+    from gateway.cluster import ClusterFileError, plan_cluster_with_replicas
     from gateway.cluster.live import ClusterUnavailable, cluster_hosts_for
     from gateway.cluster.render import render_cluster_plan
 
     try:
-        report = plan_cluster(cfg, cluster_hosts_for(target, cfg))
+        _, report = plan_cluster_with_replicas(cfg, cluster_hosts_for(target, cfg))
     except (ClusterFileError, ClusterUnavailable) as exc:
         _config_error(str(exc))
     if as_json:

@@ -15,6 +15,10 @@ file, which reports none, gets the gateway's own).
 Each host is then planned once more with exactly the models it took: that per-host `PlacementReport`
 (memory, rejected rungs, predicted speed on that host's GPUs) is what `voltgate plan --cluster` shows, and
 each model's `ClusterDecision.considered` says, per host, why it went there or not.
+
+`plan_cluster_with_replicas` resolves each `replicas: auto` first, as one host does
+(`gateway.placement.replica_choice`), with `plan_cluster` as the planner: N from 1 to the GPUs of the hosts
+the model may run on, each N planned over the whole cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gateway.config import Config, ModelSpec
 from gateway.config_replicas import model_of
 from gateway.placement.inventory import HOST_BUDGET_FRACTION, Inventory, host_budget_bytes
 from gateway.placement.policy import plan_models
+from gateway.placement.replica_choice import Planner, plan_with
 from gateway.placement.report import ModelDecision, PlacementReport
 
 
@@ -133,6 +138,20 @@ def plan_cluster(config: Config, hosts: Sequence[HostView]) -> ClusterReport:
     return ClusterReport(hosts=placements, decisions=decisions)
 
 
+def plan_cluster_with_replicas(config: Config, hosts: Sequence[HostView]) -> tuple[Config, ClusterReport]:
+    """`plan_cluster` after each `replicas: auto` is resolved over `hosts` (docs/replicas.md): the configuration
+    the plan is of (each `auto` a number, its replicas made) and the plan, each `auto` model's decision noting
+    the choice first. A candidate N must have every replica placed wholly on GPUs of some host and leave every
+    other model on the same host with the same plan."""
+    planner: Planner[ClusterReport] = Planner(
+        plan=lambda c: plan_cluster(c, hosts),
+        decision=lambda report, model: report.decision(model).decision,
+        where=lambda report, model: (report.host_of(model), report.decision(model).decision.plan),
+        gpus=lambda spec: sum(len(h.inventory.gpus) for h in hosts if _allowed(spec, h, None)),
+    )
+    return plan_with(config, planner)
+
+
 def _offer_anywhere(
     config: Config,
     spec: ModelSpec,
@@ -174,7 +193,7 @@ def _shares(
     for spec in offered:
         base = next((m for m in config.models if m.name == model_of(spec.name)), spec)
         allowed = [h for h in hosts if base.hosts is None or h.name in base.hosts] or list(hosts)
-        replicas = base.replicas if isinstance(base.replicas, int) else 1  # `auto` is not resolved per cluster
+        replicas = base.replicas if isinstance(base.replicas, int) else 1  # `auto`: plan_cluster_with_replicas
         if _siblings(spec, [*taken[host.name], *out]) < -(-replicas // len(allowed)):
             out.append(spec)
     return out

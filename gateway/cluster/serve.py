@@ -1,9 +1,10 @@
 """`voltgate serve --cluster`: the gateway's deployments over a cluster's hosts, and what it does when one goes.
 
 `open_cluster(target, config)` connects to the live Ray cluster, starts (or finds) every host's agent, and
-plans the config over those hosts (`plan_cluster`). The app builds each model placed on a host as a
-`HostWorker` (`ClusterServing.worker_for`), reached over HTTP with its launch secret; models that are
-remote endpoints are served as before.
+plans the config over those hosts (`plan_cluster`; the first plan resolves each `replicas: auto` over the
+hosts, and `ClusterServing.config` keeps that number for every re-plan). The app builds each model placed on a
+host as a `HostWorker` (`ClusterServing.worker_for`), reached over HTTP with its launch secret; models that
+are remote endpoints are served as before.
 
 `ClusterServing.start` watches the cluster (every `interval_s`):
 
@@ -44,7 +45,7 @@ from gateway.cluster.agent import HostAgent, HostLost, HostReport
 from gateway.cluster.host_worker import POLL_INTERVAL_S, HostWorker
 from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, connect, hosts_from_agents, is_live
-from gateway.cluster.plan import ClusterReport, plan_cluster
+from gateway.cluster.plan import ClusterReport, plan_cluster, plan_cluster_with_replicas
 from gateway.config import Config, ModelSpec
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import ModelMemory, Pools, ReportedProbe
@@ -176,7 +177,13 @@ class ClusterServing:
                 await agent.stop_worker(worker.name, grace_s=2.0)  # unused since the loss: no request to finish
 
     def plan(self) -> ClusterReport:
-        """Plan over the live hosts, each model that is served on one of them pinned there."""
+        """Plan over the live hosts, each model that is served on one of them pinned there. The first plan
+        resolves each `replicas: auto` over the hosts then (`plan_cluster_with_replicas`) and `config` keeps the
+        number, its replicas made: a re-plan after a host is lost or joins places the same replicas, never a
+        new N (a running replica is never dropped or renamed by a re-plan)."""
+        if any(spec.replicas == "auto" for spec in self.config.models):
+            self.config, self.report = plan_cluster_with_replicas(self.config, list(self.views.values()))
+            return self.report
         specs = tuple(
             spec.model_copy(update={"hosts": (self.assignment[spec.name],)})
             if self.assignment.get(spec.name) in self.agents

@@ -10,21 +10,42 @@ candidate only if every replica is placed on GPUs and no other model's plan chan
 predicts at least the model's `min_tok_s_per_stream` per stream. Of the candidates, the fewest replicas whose
 predicted tok/s in total at the model's sessions is within `GAIN` of the most wins: a near-tie keeps fewer
 workers.
+
+The choice is made against a `Planner`: how to plan a whole configuration and read a model's decision in that
+plan. `resolve_replicas` / `plan_with_replicas` are one host's (`plan_models` on an inventory);
+`gateway.cluster.plan.plan_cluster_with_replicas` is a cluster's (`plan_cluster` over its hosts), through
+`resolve_with` / `plan_with`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from gateway.config import Config, ModelSpec
 from gateway.config_replicas import expand, replica_name
 from gateway.placement.inventory import Inventory
 from gateway.placement.policy import plan_models
-from gateway.placement.report import PlacementReport
+from gateway.placement.report import ModelDecision, PlacementReport
 from gateway.placement.rungs import LC_PARTIAL
 
 GAIN = 1.05
 """A candidate within this factor of the best predicted total counts as a tie (the speed model's error)."""
+
+R = TypeVar("R")  # a plan of a whole configuration: one host's `PlacementReport`, or a `ClusterReport`
+
+
+@dataclass(frozen=True)
+class Planner(Generic[R]):
+    """What the choice needs of a planner: `plan` a whole configuration; a model's `decision` in that plan
+    (None: not placed anywhere); `where` a model is in it (what must not change for another model: its plan,
+    and in a cluster its host); the `gpus` a model's replicas may use (the most replicas tried)."""
+
+    plan: Callable[[Config], R]
+    decision: Callable[[R, str], ModelDecision | None]
+    where: Callable[[R, str], Hashable]
+    gpus: Callable[[ModelSpec], int]
 
 
 @dataclass(frozen=True)
@@ -35,14 +56,48 @@ class Trial:
     sessions: int  # per replica
 
 
+def one_host(inventory: Inventory) -> Planner[PlacementReport]:
+    """The planner of one host: `plan_models` on `inventory`."""
+    return Planner(
+        plan=lambda config: plan_models(config, inventory),
+        decision=lambda report, model: report.decision(model),
+        where=lambda report, model: report.decision(model).plan,
+        gpus=lambda _spec: len(inventory.gpus),
+    )
+
+
 def resolve_replicas(config: Config, inventory: Inventory) -> tuple[Config, dict[str, str], PlacementReport | None]:
     """`config` with every `replicas: auto` set to the number chosen, and why, per model (see the module), with
     the plan of the returned config (the last choice's winning trial; None when no model says `auto`)."""
+    return resolve_with(config, one_host(inventory))
+
+
+def plan_with_replicas(config: Config, inventory: Inventory) -> tuple[Config, PlacementReport]:
+    """`plan_models` after `resolve_replicas`: the configuration the plans are of (each `auto` a number, its
+    replicas made) and the report, each `auto` model's decision noting the choice first."""
+    return plan_with(config, one_host(inventory))
+
+
+def resolve_with(config: Config, planner: Planner[R]) -> tuple[Config, dict[str, str], R | None]:
+    """`resolve_replicas` against any planner."""
     notes: dict[str, str] = {}
-    report: PlacementReport | None = None
+    report: R | None = None  # the last choice's plan
     for spec in [m for m in config.models if m.replicas == "auto"]:
-        config, notes[spec.name], report = _choose(config, spec, inventory)
+        config, notes[spec.name], chosen = _choose(config, spec, planner)
+        report = chosen
     return config, notes, report
+
+
+def plan_with(config: Config, planner: Planner[R]) -> tuple[Config, R]:
+    """`plan_with_replicas` against any planner."""
+    resolved = resolve_with(config, planner)  # (unpacked apart: mypy would solve R as `R | None` otherwise)
+    config, notes, chosen = resolved
+    report = planner.plan(config) if chosen is None else chosen
+    for name, note in notes.items():
+        decision = planner.decision(report, name)
+        if decision is not None:
+            decision.notes.insert(0, note)
+    return config, report
 
 
 def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
@@ -51,14 +106,15 @@ def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
     return config.model_copy(update={"models": expand(models)})
 
 
-def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Config, str, PlacementReport]:
-    most = max(1, min(len(inventory.gpus), spec.concurrency))
-    reports = {1: plan_models(_with(config, spec, 1), inventory)}
+def _choose(config: Config, spec: ModelSpec, planner: Planner[R]) -> tuple[Config, str, R]:
+    most = max(1, min(planner.gpus(spec), spec.concurrency))
+    reports = {1: planner.plan(_with(config, spec, 1))}
+    others = [m.name for m in config.models if m.name != spec.name]
     trials: list[Trial] = []
     skipped: list[str] = []
     for n in range(1, most + 1):
-        reports[n] = reports.get(n) or plan_models(_with(config, spec, n), inventory)
-        trial = _trial(reports[n], reports[1], spec, n)
+        reports[n] = reports[n] if n in reports else planner.plan(_with(config, spec, n))
+        trial = _trial(planner, reports[n], reports[1], spec, n, others)
         if isinstance(trial, Trial):
             trials.append(trial)
         else:
@@ -79,16 +135,15 @@ def _choose(config: Config, spec: ModelSpec, inventory: Inventory) -> tuple[Conf
     return _with(config, spec, best.replicas), note, reports[best.replicas]
 
 
-def _trial(report: PlacementReport, base: PlacementReport, spec: ModelSpec, n: int) -> Trial | str:
-    """N replicas' predicted speed, or why N is not a candidate."""
-    names = [replica_name(spec.name, k) for k in range(1, n + 1)]
-    decisions = [report.decision(name) for name in names]
-    if any(d.plan is None or not d.plan.gpu_indices or d.rung == LC_PARTIAL or d.prediction is None for d in decisions):
+def _trial(planner: Planner[R], report: R, base: R, spec: ModelSpec, n: int, others: list[str]) -> Trial | str:
+    """N replicas' predicted speed, or why N is not a candidate (`others`: the other models of the config)."""
+    decisions = [planner.decision(report, replica_name(spec.name, k)) for k in range(1, n + 1)]
+    if any(d is None or d.plan is None or not d.plan.gpu_indices or d.rung == LC_PARTIAL or d.prediction is None
+           for d in decisions):  # fmt: skip
         return f"{n} not wholly on GPUs"
-    others = [d.model for d in base.decisions if d.model not in names]
-    if any(report.decision(o).plan != base.decision(o).plan for o in others):
+    if any(planner.where(report, o) != planner.where(base, o) for o in others):
         return f"{n} would change another model's plan"
-    predictions = [d.prediction for d in decisions if d.prediction is not None]
+    predictions = [d.prediction for d in decisions if d is not None and d.prediction is not None]
     return Trial(n, sum(p.aggregate_tok_s for p in predictions), min(p.decode_tok_s_per_stream for p in predictions),
                  predictions[0].sessions)  # fmt: skip
 
@@ -96,13 +151,3 @@ def _trial(report: PlacementReport, base: PlacementReport, spec: ModelSpec, n: i
 def _said(trial: Trial) -> str:
     return (f"{trial.total_tok_s:,.0f} tok/s in total predicted, {trial.per_stream_tok_s:,.1f} per stream "
             f"({trial.sessions} sessions a replica)")  # fmt: skip
-
-
-def plan_with_replicas(config: Config, inventory: Inventory) -> tuple[Config, PlacementReport]:
-    """`plan_models` after `resolve_replicas`: the configuration the plans are of (each `auto` a number, its
-    replicas made) and the report, each `auto` model's decision noting the choice first."""
-    config, notes, chosen = resolve_replicas(config, inventory)
-    report = chosen or plan_models(config, inventory)
-    for name, note in notes.items():
-        report.decision(name).notes.insert(0, note)
-    return config, report
