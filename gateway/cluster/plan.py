@@ -148,6 +148,7 @@ def plan_cluster_with_replicas(config: Config, hosts: Sequence[HostView]) -> tup
         decision=lambda report, model: report.decision(model).decision,
         where=lambda report, model: (report.host_of(model), report.decision(model).decision.plan),
         gpus=lambda spec: sum(len(h.inventory.gpus) for h in hosts if _allowed(spec, h, None)),
+        devices=lambda report, model: frozenset((report.host_of(model), i) for i in _indices(report, model)),
     )
     return plan_with(config, planner)
 
@@ -225,6 +226,11 @@ def _on_gpus(plan: DeploymentPlan) -> bool:
     if not plan.gpu_indices:
         return False
     return plan.engine is EngineName.LMDEPLOY or plan.n_gpu_layers == -1 or plan.task != "generate"
+
+
+def _indices(report: ClusterReport, model: str) -> tuple[int, ...]:
+    plan = report.decision(model).decision.plan
+    return plan.gpu_indices if plan is not None else ()
 
 
 def _host_of(model: str, taken: dict[str, list[ModelSpec]]) -> str | None:

@@ -6,7 +6,7 @@
 For a model with `replicas: auto` and `concurrency` c on G GPUs, each N from 1 to min(G, c) is planned with the
 whole configuration (`plan_models`): N replicas of ceil(c / N) sessions each, against N = 1, which is the
 placement the ladder chooses alone (tensor parallel over several GPUs where that is its choice). An N is a
-candidate only if every replica is placed on GPUs and no other model's plan changes, and (N > 1) each replica
+candidate only if every replica is placed on GPUs of its own and no other model's plan changes, and (N > 1) each replica
 predicts at least the model's `min_tok_s_per_stream` per stream. Of the candidates, the fewest replicas whose
 predicted tok/s in total at the model's sessions is within `GAIN` of the most wins: a near-tie keeps fewer
 workers.
@@ -46,6 +46,7 @@ class Planner(Generic[R]):
     decision: Callable[[R, str], ModelDecision | None]
     where: Callable[[R, str], Hashable]
     gpus: Callable[[ModelSpec], int]
+    devices: Callable[[R, str], frozenset[Hashable]]  # the GPUs a model's plan uses (in a cluster: host and index)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,12 @@ def one_host(inventory: Inventory) -> Planner[PlacementReport]:
         decision=lambda report, model: report.decision(model),
         where=lambda report, model: report.decision(model).plan,
         gpus=lambda _spec: len(inventory.gpus),
+        devices=lambda report, model: frozenset(_indices(report.decision(model))),
     )
+
+
+def _indices(decision: ModelDecision | None) -> tuple[int, ...]:
+    return decision.plan.gpu_indices if decision is not None and decision.plan is not None else ()
 
 
 def resolve_replicas(config: Config, inventory: Inventory) -> tuple[Config, dict[str, str], PlacementReport | None]:
@@ -143,6 +149,9 @@ def _trial(planner: Planner[R], report: R, base: R, spec: ModelSpec, n: int, oth
         return f"{n} not wholly on GPUs"
     if any(planner.where(report, o) != planner.where(base, o) for o in others):
         return f"{n} would change another model's plan"
+    used = [planner.devices(report, replica_name(spec.name, k)) for k in range(1, n + 1)]
+    if len(frozenset().union(*used)) < sum(len(u) for u in used):  # the speed model counts each GPU's compute once
+        return f"{n} would put replicas on the same GPU (they would divide its compute)"
     predictions = [d.prediction for d in decisions if d is not None and d.prediction is not None]
     return Trial(n, sum(p.aggregate_tok_s for p in predictions), min(p.decode_tok_s_per_stream for p in predictions),
                  predictions[0].sessions)  # fmt: skip

@@ -56,6 +56,17 @@ def test_auto_spreads_replicas_over_two_hosts_and_says_why(zoo: Path) -> None:
     assert host.report.decision("m").notes[0] == note  # the host's report shows it too
 
 
+def test_auto_never_puts_two_replicas_on_one_gpu(zoo: Path) -> None:
+    """64 sessions: four tp-4 replicas would be two on each host's four GPUs, each predicted as if it had them
+    alone (their compute counted twice), so 4 is skipped and every chosen replica has GPUs of its own."""
+    resolved, report = plan_cluster_with_replicas(config(zoo, {**SEVEN_B, "replicas": "auto", "concurrency": 64}),
+                                                  hosts("4xv100-16gb", "4xv100-16gb"))  # fmt: skip
+    note = report.decision("m").decision.notes[0]
+    assert "4 would put replicas on the same GPU" in note, note
+    used = [(d.host, i) for d in report.decisions if d.decision.plan for i in d.decision.plan.gpu_indices]
+    assert len(used) == len(set(used)) and len(resolved.models) > 1
+
+
 def test_auto_is_one_where_replicas_do_not_fit_apart(zoo: Path) -> None:
     """A 13B FP16 fits only over host a's four V100-16GB (tp 4); host b's one GPU cannot hold a replica."""
     model = {**SEVEN_B, "sources": [{"hf": "llama2-13b"}], "replicas": "auto", "concurrency": 32}
