@@ -38,6 +38,10 @@ def where(report: ClusterReport, model: str) -> tuple[str | None, Any]:
     return report.host_of(model), report.decision(model).decision.plan
 
 
+def decided(report: ClusterReport) -> list[tuple[str, str | None, Any]]:
+    return [(d.model, d.host, d.decision.plan) for d in report.decisions]
+
+
 def test_auto_spreads_replicas_over_two_hosts_and_says_why(zoo: Path) -> None:
     """A 7B FP16 of 32 sessions on two hosts of 4 x V100-16GB: a replica per host predicts more in total than
     one placement (tp over one host's GPUs), so the plan takes two, one on each host, and the model's first
@@ -94,7 +98,9 @@ def test_a_config_without_auto_plans_as_plan_cluster(zoo: Path) -> None:
     fixed = config(zoo, {**SEVEN_B, "replicas": 2, "concurrency": 32})
     cluster = hosts("4xv100-16gb", "4xv100-16gb")
     resolved, report = plan_cluster_with_replicas(fixed, cluster)
-    assert resolved == fixed and report == plan_cluster(fixed, cluster)
+    # the decisions, not the whole reports: a host of a simulated inventory reports no memory, so each plan
+    # reads this machine's MemAvailable for its host budget, which moves between two plans on a busy host
+    assert resolved == fixed and decided(report) == decided(plan_cluster(fixed, cluster))
 
 
 def test_serving_resolves_auto_once_and_keeps_n_when_hosts_change(zoo: Path) -> None:
