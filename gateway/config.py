@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from backends.base import LlamaCppOptions, LMDeployOptions
 from gateway import config_replicas
 from gateway.config_errors import format_validation_error
+from gateway.config_gpus import InventoryError, check_layout
 from gateway.config_images import ImageLimits
 from gateway.protocol.reasoning import ReasoningDefault
 
@@ -421,8 +422,6 @@ class Config(_Spec):
     @classmethod
     def _gpus_layout_readable(cls, gpus: str) -> str:
         """A simulated layout is read here, so a typo stops the start naming `gpus`, not deep in placement."""
-        from gateway.placement.inventory import InventoryError, check_layout  # gateway.placement imports us
-
         try:
             check_layout(gpus)
         except InventoryError as exc:

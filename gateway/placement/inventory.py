@@ -4,43 +4,18 @@ or simulated from a layout string such as `2xv100-16gb` or `4xv100-32gb-pcie`.""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pynvml import NVML_P2P_CAPS_INDEX_NVLINK, NVML_P2P_STATUS_OK, NVML_TOPOLOGY_MULTIPLE
 
-LinkKind = Literal["nvlink", "pcie-switch", "pcie-host"]
-"""How two GPUs reach each other: NVLink, PCIe below a switch, or PCIe through the CPU (gateway/placement/
-interconnect.py turns a GPU set's links into an all-reduce cost)."""
+from gateway.config_gpus import InventoryError as InventoryError  # the layout's error, raised through here
+from gateway.config_gpus import LinkKind as LinkKind
+from gateway.config_gpus import is_simulated, parse_layout
 
 MIB = 1 << 20
 GIB = 1 << 30
-
-# What NVML reports for the two V100 sizes (MiB); docs/hardware.md holds the H200 to these when emulating a V100.
-_V100_16GB_MIB = 16_160
-_V100_32GB_MIB = 32_510
-
-# Named layouts: name -> (GPU name, memory MiB, compute capability, link). Without a suffix a V100 is the SXM2
-# board (NVLink), as these names meant before links were modelled (docs/hardware.md says why).
-_NAMED_GPUS: dict[str, tuple[str, int, tuple[int, int], LinkKind]] = {
-    "v100-16gb": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0), "nvlink"),
-    "v100-32gb": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0), "nvlink"),
-    "v100-16gb-sxm2": ("Tesla V100-SXM2-16GB", _V100_16GB_MIB, (7, 0), "nvlink"),
-    "v100-32gb-sxm2": ("Tesla V100-SXM2-32GB", _V100_32GB_MIB, (7, 0), "nvlink"),
-    "v100-16gb-pcie": ("Tesla V100-PCIE-16GB", _V100_16GB_MIB, (7, 0), "pcie-host"),
-    "v100-32gb-pcie": ("Tesla V100-PCIE-32GB", _V100_32GB_MIB, (7, 0), "pcie-host"),
-    "v100-16gb-pcie-switch": ("Tesla V100-PCIE-16GB", _V100_16GB_MIB, (7, 0), "pcie-switch"),
-    "v100-32gb-pcie-switch": ("Tesla V100-PCIE-32GB", _V100_32GB_MIB, (7, 0), "pcie-switch"),
-}
-_LINK_WORDS: dict[str, LinkKind] = {"nvlink": "nvlink", "pcie": "pcie-host", "pcie-switch": "pcie-switch"}
-"""The optional fourth field of `name:memory_gib:capability:link`."""
-_COUNT = re.compile(r"^(\d+)\s*x\s*(.+)$", re.IGNORECASE)
-
-
-class InventoryError(Exception):
-    """A GPU layout string could not be understood; the message says which part and what is accepted."""
 
 
 class GPU(BaseModel):
@@ -106,68 +81,26 @@ def inventory_from_spec(spec: str, *, nvml: Any = None) -> Inventory:
     text = spec.strip().lower()
     if text == "auto":
         return inventory_from_nvml(nvml)
-    if text in ("none", "cpu", ""):
+    if not is_simulated(text):
         return Inventory(source="none", host_memory_bytes=host_memory_bytes())
     gpus: list[GPU] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            raise InventoryError(f"GPU layout {spec!r}: empty entry between commas")
-        count, kind = 1, part
-        match = _COUNT.match(part)
-        if match:
-            count, kind = int(match.group(1)), match.group(2).strip()
-            if not 1 <= count <= 16:
-                raise InventoryError(f"GPU layout {part!r}: count must be 1-16")
-        name, mib, capability, link = _parse_kind(kind, spec)
-        group = tuple(range(len(gpus), len(gpus) + count))
+    for entry in parse_layout(spec):
+        group = tuple(range(len(gpus), len(gpus) + entry.count))
         for index in group:
             peers = tuple(i for i in group if i != index)
             gpus.append(
                 GPU(
                     index=index,
-                    name=name,
-                    total_bytes=mib * MIB,
-                    free_bytes=mib * MIB,
-                    compute_capability=capability,
+                    name=entry.name,
+                    total_bytes=entry.memory_mib * MIB,
+                    free_bytes=entry.memory_mib * MIB,
+                    compute_capability=entry.compute_capability,
                     simulated=True,
-                    nvlink_peers=peers if link == "nvlink" else (),
-                    switch_peers=peers if link == "pcie-switch" else (),
+                    nvlink_peers=peers if entry.link == "nvlink" else (),
+                    switch_peers=peers if entry.link == "pcie-switch" else (),
                 )
             )
     return Inventory(gpus=tuple(gpus), source="simulated")
-
-
-def check_layout(spec: str) -> None:
-    """Raise `InventoryError` if `spec` is not `auto`, `none` or a layout `inventory_from_spec` can read.
-    Reads no NVML (config validation calls it)."""
-    if spec.strip().lower() != "auto":
-        inventory_from_spec(spec)
-
-
-def _parse_kind(kind: str, spec: str) -> tuple[str, int, tuple[int, int], LinkKind]:
-    named = _NAMED_GPUS.get(kind.lower())
-    if named is not None:
-        return named
-    fields = kind.split(":")
-    link_word = fields.pop().strip().lower() if len(fields) == 4 else "pcie"
-    if len(fields) != 3 or link_word not in _LINK_WORDS:
-        known = ", ".join(sorted(_NAMED_GPUS))
-        raise InventoryError(
-            f"GPU layout {spec!r}: cannot read {kind!r}; use auto, none, {known}, NxLAYOUT (2xv100-16gb) or "
-            "name:memory_gib:capability[:nvlink|pcie|pcie-switch] (a10:24:8.6)"
-        )
-    name, memory, capability = (f.strip() for f in fields)
-    try:
-        mib = round(float(memory) * 1024)
-        major, _, minor = capability.partition(".")
-        cc = (int(major), int(minor or 0))
-    except ValueError:
-        raise InventoryError(
-            f"GPU layout {spec!r}: in {kind!r} memory must be GiB (16) and capability major.minor (7.0)"
-        ) from None
-    if mib <= 0 or not name:
-        raise InventoryError(f"GPU layout {spec!r}: {kind!r} needs a name and a positive memory size")
-    return name, mib, cc, _LINK_WORDS[link_word]
 
 
 def inventory_from_nvml(nvml: Any = None) -> Inventory:
