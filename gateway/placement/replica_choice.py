@@ -89,6 +89,9 @@ def resolve_with(config: Config, planner: Planner[R]) -> tuple[Config, dict[str,
     notes: dict[str, str] = {}
     report: R | None = None  # the last choice's plan
     for spec in [m for m in config.models if m.replicas == "auto"]:
+        if spec.remote is not None or min(planner.gpus(spec), spec.concurrency) <= 1:
+            config = _with(config, spec, 1)  # nothing to compare (the default on one GPU): no plan, no note
+            continue  # (a plan made before stays the plan: `auto` and 1 plan alike)
         config, notes[spec.name], chosen = _choose(config, spec, planner)
         report = chosen
     return config, notes, report

@@ -84,7 +84,7 @@ def test_auto_is_one_where_replicas_do_not_fit_apart(zoo: Path) -> None:
 def test_auto_never_changes_another_models_host_or_plan(zoo: Path) -> None:
     """`m` (auto, first in the config) and `o`, a 7B of 8 sessions: more replicas of `m` would take GPUs `o`
     is planned on, so those Ns are skipped and `o` stays where the plan with one replica of `m` puts it."""
-    other = {**SEVEN_B, "name": "o", "concurrency": 8}
+    other = {**SEVEN_B, "name": "o", "concurrency": 8, "replicas": 1}
     auto = config(zoo, {**SEVEN_B, "replicas": "auto", "concurrency": 32}, other)
     cluster = hosts("4xv100-16gb", "4xv100-16gb")
     resolved, report = plan_cluster_with_replicas(auto, cluster)

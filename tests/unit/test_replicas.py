@@ -18,6 +18,7 @@ from gateway.config_replicas import replica_name, replica_of
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.workers import WorkerState
 from gateway.ops.metrics import Metrics
+from gateway.placement.replica_choice import Planner, resolve_with
 from gateway.protocol.requests import ChatCompletionRequest
 from gateway.serving.replicas import Replicas, routing_text
 from tests.fakes.asgi_worker import FakeWorker
@@ -32,7 +33,7 @@ def spec(name: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_replicas_are_models_of_their_own_named_after_theirs() -> None:
-    c = config(spec("m", aliases=["a"], alias_patterns=["claude-*"], replicas=3, context=2048), spec("n"))
+    c = config(spec("m", aliases=["a"], alias_patterns=["claude-*"], replicas=3, context=2048), spec("n", replicas=1))
     assert [(m.name, m.aliases, m.alias_patterns, m.replicas) for m in c.models] == [
         ("m", ("a",), ("claude-*",), 3), ("m@2", (), (), 1), ("m@3", (), (), 1), ("n", (), (), 1)]  # fmt: skip
     assert {m.context for m in c.models[:3]} == {2048}
@@ -58,10 +59,22 @@ def test_an_at_name_the_config_did_not_make_is_refused(name: str) -> None:
         config(spec("m", replicas=2), spec(name))
 
 
-@pytest.mark.parametrize("replicas", [2, "auto"])
-def test_a_remote_endpoint_has_no_replicas_here(replicas: int | str) -> None:
+def test_a_remote_endpoint_has_no_replicas_here() -> None:
+    remote = {"name": "r", "sources": [{"remote": "http://10.0.0.2:8000/v1"}]}
     with pytest.raises(ValidationError, match="remote endpoint is one server"):
-        config({"name": "r", "sources": [{"remote": "http://10.0.0.2:8000/v1"}], "replicas": replicas})
+        config({**remote, "replicas": 2})
+    assert [m.name for m in config({**remote, "replicas": "auto"}).models] == ["r"]  # the default: one, here
+
+
+def test_auto_is_the_default_and_one_gpu_or_one_session_resolves_to_one_without_planning() -> None:
+    """The default `auto` costs a config with nothing to compare no plan and says nothing in its notes."""
+    c = config(spec("m"), spec("n", concurrency=1))
+    assert [m.replicas for m in c.models] == ["auto", "auto"]
+    planned: list[Config] = []
+    planner = Planner(plan=planned.append, decision=lambda *_: None, where=lambda *_: None,
+                      gpus=lambda _spec: 1, devices=lambda *_: frozenset())  # fmt: skip
+    resolved, notes, report = resolve_with(c, planner)
+    assert [m.replicas for m in resolved.models] == [1, 1] and notes == {} and report is None and planned == []
 
 
 def deployment(name: str, state: WorkerState = WorkerState.READY, load: str = "always") -> Deployment:
