@@ -132,7 +132,8 @@ class ServerSettings(_Spec):
     stream_silence_floor_s: float | None = Field(
         default=60.0,
         gt=0,
-        description="a stream whose llama.cpp worker sends nothing for max(this, 4 x its predicted step) ends "
+        description="a call whose worker sends nothing for max(this, 4 x its predicted silence: a llama.cpp "
+        "stream's step, an LMDeploy stream's wait for its first token, a non-streamed call's whole answer) ends "
         "with an upstream_timeout error (null: only upstream_timeout_s)",
     )
     worker_frozen_s: float | None = Field(

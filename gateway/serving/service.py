@@ -36,7 +36,7 @@ from gateway.protocol.served import ServedRequest
 from gateway.serving.prompt_prefix import ResponseChains, neutralise
 from gateway.serving.replicas import Replicas
 from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
-from gateway.serving.silence import stream_silence_s
+from gateway.serving.silence import read_timeout_s
 from gateway.serving.unary import Translate, UnaryCall, UnaryResult
 from gateway.serving.upstream import Upstream
 from gateway.serving.vision_parts import ImageIntake
@@ -138,15 +138,18 @@ class Service:
         upstream = self._upstreams.get(deployment.name)
         if upstream is None or upstream.deployment is not deployment:
             upstream = self._upstreams[deployment.name] = Upstream(
-                deployment, self.client, self._upstream_timeout, stream_read_s=partial(self._stream_silence, deployment)
+                deployment, self.client, self._upstream_timeout, read_s=partial(self._silence_s, deployment)
             )
         return upstream
 
-    def _stream_silence(self, deployment: Deployment) -> float:
-        """The read timeout of a stream from `deployment`'s worker, from the plan's prediction as it is now."""
-        prediction = self.metrics.live.predictions.get(deployment.name)
-        return stream_silence_s(deployment.capabilities, prediction, floor_s=self.settings.stream_silence_floor_s,
-                                ceiling_s=self.settings.upstream_timeout_s)  # fmt: skip
+    def _silence_s(self, deployment: Deployment, request: AnyEngineRequest, body_bytes: int) -> float:
+        """The read timeout of a call to `deployment`'s worker, from the plan's prediction as it is now. A remote
+        endpoint's speed is not ours to predict: it keeps `upstream_timeout_s`."""
+        remote = deployment.plan.remote_url is not None
+        prediction = None if remote else self.metrics.live.predictions.get(deployment.name)
+        return read_timeout_s(deployment.capabilities, prediction, request, body_bytes,
+                              floor_s=self.settings.stream_silence_floor_s,
+                              ceiling_s=self.settings.upstream_timeout_s)  # fmt: skip
 
     def _target(self, deployment: Deployment, api: str | None, images: tuple[EngineImage, ...] = ()) -> EngineTarget:
         """The deployment's side of the translation. A model's `default_max_tokens` keeps chat frontends'

@@ -68,12 +68,12 @@ class Upstream:
         client: httpx.AsyncClient,
         timeout: httpx.Timeout,
         *,
-        stream_read_s: Callable[[], float] | None = None,
+        read_s: Callable[[AnyEngineRequest, int], float] | None = None,
     ) -> None:
         self.deployment = deployment
         self._client = client
         self._timeout_ext = timeout.as_dict()
-        self._stream_read_s = stream_read_s  # a stream's longest silence (`gateway.serving.silence`), else `timeout`'s
+        self._read_s = read_s  # a call's longest silence, by its request and body bytes (`gateway.serving.silence`)
         self._urls: dict[str, httpx.URL] = {}  # by the worker's base URL + path: parsed once, not per request
         self._streams: weakref.WeakSet[httpx.Response] = weakref.WeakSet()  # open bodies, cut if the worker is lost
         self._watched: asyncio.Future[str] | None = None  # the lost signal `_cut_streams` waits on
@@ -90,7 +90,7 @@ class Upstream:
             url = self._urls[text] = httpx.URL(text)
         return url
 
-    def _request(self, request: AnyEngineRequest, *, stream: bool = False) -> httpx.Request:
+    def _request(self, request: AnyEngineRequest) -> httpx.Request:
         """The worker call, built as an `httpx.Request` itself: the client's `build_request` merges its default
         headers, cookies and parameters on every call (about half the cost), none of which a worker reads."""
         url = self._url(request)
@@ -100,8 +100,8 @@ class Upstream:
         worker = self.deployment.worker  # its headers: a cluster worker's launch secret; none locally
         headers = [*_JSON_HEADERS, *worker.headers.items()] if worker.headers else _JSON_HEADERS
         timeout = self._timeout_ext
-        if stream and self._stream_read_s is not None:
-            timeout = {**timeout, "read": self._stream_read_s()}
+        if self._read_s is not None:
+            timeout = {**timeout, "read": self._read_s(request, len(body))}
         extensions = {"timeout": timeout, WORKER_EXTENSION: worker}
         return httpx.Request("POST", url, content=body, headers=headers, extensions=extensions)
 
@@ -116,8 +116,8 @@ class Upstream:
         worker = self.deployment.worker
         try:
             if lost is None:
-                return await self._client.send(self._request(request, stream=stream), stream=stream)
-            return await _unless_lost(self._client.send(self._request(request, stream=stream), stream=stream), lost)
+                return await self._client.send(self._request(request), stream=stream)
+            return await _unless_lost(self._client.send(self._request(request), stream=stream), lost)
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.deployment.name) from None
         except WorkerLost as exc:

@@ -102,8 +102,9 @@ class FakeWorker:
 
     wording = LOCAL_WORDING
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, url: str = BASE_URL) -> None:
         self.name = name
+        self.url = url  # another engine's, e.g. a socket server's (`tests.fakes.silent_engine`)
         self.state = WorkerState.STOPPED
         self.restarts = 0
         self.last_error: str | None = None
@@ -141,7 +142,7 @@ class FakeWorker:
 
     def base_url(self) -> str:
         if self.state is WorkerState.READY:
-            return BASE_URL
+            return self.url
         raise GatewayError(ErrorCode.WORKER_UNAVAILABLE, f"model {self.name!r} is {self.state.value}", retry_after_s=5)
 
     def fail(self, reason: str = "crashed") -> None:

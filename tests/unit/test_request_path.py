@@ -130,10 +130,21 @@ def test_direct_dispatch_renders_errors_as_fastapi_did_and_leaves_other_methods_
         assert "openai-processing-ms" in wrong_method.headers
 
 
-def test_a_stream_reads_with_its_silence_bound_and_a_whole_answer_with_the_upstream_timeout() -> None:
+def test_each_call_reads_with_the_bound_for_its_request_and_body_and_without_one_the_upstream_timeout() -> None:
     worker = SimpleNamespace(base_url=lambda: "http://127.0.0.1:9001", headers={})
     deployment = cast(Deployment, SimpleNamespace(worker=worker, adapter=RemoteAdapter()))
-    upstream = Upstream(deployment, httpx.AsyncClient(), httpx.Timeout(600.0), stream_read_s=lambda: 75.0)
+    asked: list[tuple[bool, int]] = []
+
+    def read_s(request: Any, body_bytes: int) -> float:
+        asked.append((request.stream, body_bytes))
+        return 75.0 if request.stream else 40.0
+
+    upstream = Upstream(deployment, httpx.AsyncClient(), httpx.Timeout(600.0), read_s=read_s)
     chat = EngineRequest(model="m", messages=({"role": "user", "content": "hi"},))
-    assert upstream._request(chat, stream=True).extensions["timeout"]["read"] == 75.0
-    assert upstream._request(chat).extensions["timeout"]["read"] == 600.0
+    streamed = chat.model_copy(update={"stream": True})
+    assert upstream._request(streamed).extensions["timeout"]["read"] == 75.0
+    sent = upstream._request(chat)
+    assert sent.extensions["timeout"]["read"] == 40.0
+    assert asked[-1] == (False, len(sent.content))  # the bytes the worker gets
+    plain = Upstream(deployment, httpx.AsyncClient(), httpx.Timeout(600.0))
+    assert plain._request(chat).extensions["timeout"]["read"] == 600.0
