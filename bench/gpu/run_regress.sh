@@ -33,6 +33,8 @@
 # run the very same llama.cpp binaries.
 # TurboMind steps need only `setup model`: put them before `gguf` to use the build's minutes, or set SKIP_LLAMA=1
 # to start no llama.cpp build at all.
+# A poll call sends the checkout again and each step runs the code it finds then: write the commit a call
+# sends into bench/gpu/.tree (git-ignored, carried) and each "== step" line names the code that step ran.
 # Commit the folder from the tarball under bench/results/ with this command in its README.
 set -uo pipefail
 OUT=${1:?usage: run_regress.sh OUT [WAIT_S]}
@@ -201,7 +203,7 @@ export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/b
 SERVER=$G/build-server/bin/llama-server
 [[ ${ONE_BUILD:-} == 1 ]] && export LLAMA_CPP_LIB_PATH=$G/build-server/bin MTMD_CPP_LIB=$G/build-server/bin
 for step in ${STEPS:-setup model gguf server bench}; do
-  stamp "$step"
+  stamp "$step (code: $(cat bench/gpu/.tree 2> /dev/null || echo "${VG_COMMIT:-unknown}"))"
   case $step in
     setup) step_setup ;;
     model) step_model ;;
