@@ -161,14 +161,19 @@ step_sessions() {  # $1: tm | gguf | llama-server
   release
 }
 
+gw=
+gateway_up() {  # $1 config, $2 log: `voltgate serve` planned for one V100-32GB, its pid in $gw, waited for /ready
+  python3 -m gateway serve --config "$1" --gpus v100-32gb > "$2" 2>&1 &
+  gw=$!
+  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/ready > /dev/null && break; kill -0 $gw || break; sleep 1; done
+}
+
 step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the plan, on chat, Responses and Messages
   local out=$S/out/$(date -u +%F)-tm-reasoning
   mkdir -p "$out"
   python3 -m bench.gpu.tm_reasoning make "$G/models/7b" "$G/models/7b-think"
   hold 32510
-  python3 -m gateway serve --config bench/gpu/configs/tm-think-7b.yaml --gpus v100-32gb > "$out/gateway.log" 2>&1 &
-  local gw=$!
-  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/ready > /dev/null && break; kill -0 $gw || break; sleep 1; done
+  gateway_up bench/gpu/configs/tm-think-7b.yaml "$out/gateway.log"
   python3 -m bench.gpu.tm_reasoning check --model think --out "$out/reasoning.jsonl"
   stamp "reasoning tm exit $?"
   grep -o -- '--reasoning-parser [a-z0-9-]*' "$out/gateway.log" | head -1
@@ -184,9 +189,7 @@ step_replicas_tm() {  # issue 38: two replicas vs one worker, the same memory (a
   hold 32510
   for n in 1 2 2 1; do
     i=$((i + 1))
-    python3 -m gateway serve --config "bench/gpu/configs/replicas-tm-1b-$n.yaml" --gpus v100-32gb > "$out/gateway-$i-r$n.log" 2>&1 &
-    local gw=$!
-    for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/ready > /dev/null && break; kill -0 $gw || break; sleep 1; done
+    gateway_up "bench/gpu/configs/replicas-tm-1b-$n.yaml" "$out/gateway-$i-r$n.log"
     python3 -m bench.loadgen --base-url http://127.0.0.1:8000/v1 --model tiny --endpoint completions --prompt-tokens 128 \
       --output-tokens 256 --concurrency 16 32 64 --label "replicas-$n" --output "$out/loadgen-$i-r$n.json" \
       --notes "H200 held to a V100-32GB's memory; random-weight TinyLlama-1.1B shape; $n TurboMind worker(s)" 2>&1 | tail -4
