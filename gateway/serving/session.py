@@ -31,7 +31,7 @@ from gateway.ops.auth import Principal
 from gateway.ops.live_speed import Flight
 from gateway.ops.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
-from gateway.serving.passthrough import relay_direct
+from gateway.serving.passthrough import relay_direct, renamed_reasoning
 from gateway.serving.relay import (
     DONE_FRAME,
     ClientLine,
@@ -255,18 +255,6 @@ class RequestScope:
             )  # fmt: skip
         if sample is not None and tokens is not None:
             self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
-
-
-_REASONING_KEY = b'"reasoning_content":'
-
-
-async def renamed_reasoning(frames: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    """The runs with each delta's `reasoning_content` key named `reasoning` (vLLM's and Ollama's name). The
-    key with its closing quote and colon never occurs inside a JSON string (a quote there is escaped), so a
-    byte replacement renames keys only."""
-    async with contextlib.aclosing(frames):
-        async for run in frames:
-            yield run.replace(_REASONING_KEY, b'"reasoning":') if _REASONING_KEY in run else run
 
 
 class StreamSession:
