@@ -114,6 +114,10 @@ class Registry:
             param="model",
         )
 
+    def has_replicas(self, deployment: Deployment) -> bool:
+        """Whether `deployment`'s model has replicas beside it (a dict lookup: no list is built)."""
+        return bool(self._replicas.get(deployment.name))
+
     def replicas(self, deployment: Deployment) -> list[Deployment]:
         """`deployment` and the replicas of its model (`m@2`...: config `replicas`), in order."""
         return [deployment, *self._replicas.get(deployment.name, ())]

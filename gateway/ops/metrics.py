@@ -207,6 +207,13 @@ class Metrics:
             ["model", "replica", "reason"],
             registry=r,
         )
+        self.replica_retries = Counter(
+            "voltgate:replica_retries",
+            "Requests sent again to another replica because `from_replica`'s worker answered nothing (reason: "
+            "connect, reset, lost or not_ready: gateway.serving.upstream.Unanswered)",
+            ["model", "from_replica", "reason"],
+            registry=r,
+        )
         self.prompt_neutralised = Counter(
             "voltgate:prompt_neutralised",
             "Requests whose volatile client bytes a rule took out of the prompt (gateway.serving.prompt_prefix)",

@@ -10,6 +10,7 @@ translated APIs, which need their keep-alives in their own event stream, use `re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
@@ -125,3 +126,15 @@ async def relay_direct(
     yield Envelope.OPENAI.sse(stats.error)
     await on_done()
     yield DONE_FRAME
+
+
+_REASONING_KEY = b'"reasoning_content":'
+
+
+async def renamed_reasoning(frames: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """The runs with each delta's `reasoning_content` key named `reasoning` (vLLM's and Ollama's name). The
+    key with its closing quote and colon never occurs inside a JSON string (a quote there is escaped), so a
+    byte replacement renames keys only."""
+    async with contextlib.aclosing(frames):
+        async for run in frames:
+            yield run.replace(_REASONING_KEY, b'"reasoning":') if _REASONING_KEY in run else run

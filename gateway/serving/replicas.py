@@ -7,11 +7,13 @@ Service.handle ─▶ resolve(name) ─▶ Replicas.pick(deployment, parsed, ses
 
 A model with one replica is returned as it is, at no cost. The pick is counted per reason
 (`voltgate:replica_picks_total`); a replica whose worker failed is forgotten by the router (its sessions and
-prefixes go elsewhere) and takes no request until it is ready again.
+prefixes go elsewhere) and takes no request until it is ready again. A request whose replica answered nothing
+(its worker gone before its answer began) is sent once more, to the router's choice among the others (`retry`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gateway.lifecycle.deployments import Deployment, Registry
@@ -45,6 +47,23 @@ class Replicas:
         except NoReplica:
             return deployment
         self.metrics.replica_picks.labels(deployment.name, pick.replica, pick.reason).inc()
+        return next(replica for replica in group if replica.name == pick.replica)
+
+    def retry(
+        self, deployment: Deployment, failed: Deployment, parsed: ServedRequest, session_key: str | None
+    ) -> Deployment | None:
+        """Another replica of `deployment`'s model for a request that `failed` answered nothing, chosen by the
+        router among those that take requests, `failed` excluded (the session moves with it); None when there is
+        none. Not counted in the picks: the service counts it in `replica_retries_total`."""
+        group = self.registry.replicas(deployment)
+        router = self._routers.get(deployment.name)
+        if len(group) == 1 or router is None:
+            return None
+        loads = [replace(self._load(r, router), healthy=False) if r is failed else self._load(r, router) for r in group]
+        try:
+            pick = router.pick(loads, routing_text(parsed.log_prompt()), session_key)
+        except NoReplica:
+            return None
         return next(replica for replica in group if replica.name == pick.replica)
 
     def _load(self, replica: Deployment, router: ReplicaRouter) -> ReplicaLoad:

@@ -8,7 +8,9 @@ route ─▶ Service.handle(parsed, request, ctx) ─▶ UnaryResult | StreamSes
            ├─ parsed.to_engine(target)            the typed engine request of its kind (backends.request)
            ├─ residency.check(deployment)         503 + Retry-After: a pinned worker restarting, a failed load
            ├─ RequestScope.schedule               load (503 past load_wait_s), then admit (429), then call:
-           └─ Upstream.post | open_stream         UnaryCall | StreamSession; worker errors mapped there
+           ├─ Upstream.post | open_stream         UnaryCall | StreamSession; worker errors mapped there
+           └─ Unanswered (a replica's worker      once more to another replica of the model (`_retry`), before
+              answered nothing)                   any byte reached the client; else the error as before
 
 The service never asks which kind of request it has: every request type implements `ServedRequest`. A
 request refused anywhere on the way (including by the routes, before the service) is accounted once
@@ -18,6 +20,7 @@ through `Service.refused`.
 from __future__ import annotations
 
 import contextlib
+import logging
 from functools import partial
 
 import httpx
@@ -38,10 +41,12 @@ from gateway.serving.replicas import Replicas
 from gateway.serving.session import RequestContext, RequestScope, StreamSession, account
 from gateway.serving.silence import read_timeout_s
 from gateway.serving.unary import Translate, UnaryCall, UnaryResult
-from gateway.serving.upstream import Upstream
+from gateway.serving.upstream import Unanswered, Upstream
 from gateway.serving.vision_parts import ImageIntake
 
 __all__ = ["RequestContext", "Service", "StreamSession", "Translate", "UnaryResult"]
+
+log = logging.getLogger("voltgate.serving")
 
 UNKNOWN_MODEL = "unknown"  # metrics label for requests naming no configured model (bounded cardinality)
 UNCAPPED_APIS = frozenset({"responses"})  # translated APIs that a model's default_max_tokens does not apply to
@@ -85,7 +90,7 @@ class Service:
         rendering, e.g. chat completion → Anthropic Message) before it is accounted, so a rendering that fails
         is logged and counted with its error's status, never as the 200 the chat path gave."""
         try:
-            deployment = self.registry.resolve(parsed.model, TASKS[parsed.kind])
+            model = deployment = self.registry.resolve(parsed.model, TASKS[parsed.kind])
         except GatewayError as exc:
             self.refused(ctx, exc, parsed.model)
             raise
@@ -98,28 +103,88 @@ class Service:
             images = await self.images.engine_images(
                 parsed, model=deployment.name, vision=deployment.capabilities.vision
             )
-            engine = parsed.to_engine(self._target(deployment, ctx.api, images))
-            engine = self._keep_prefix(engine, ctx, deployment.name)
-            self.residency.check(deployment)  # fail fast: a pinned worker restarting, a load that just failed
+            engine = self._engine(deployment, parsed, ctx, images)
             ctx.principal.admit()
         except GatewayError as exc:
             self.refused(ctx, exc, deployment.name)
             raise
+        retryable = self.registry.has_replicas(model)  # one dict lookup: a model with one replica pays nothing more
         scope = RequestScope(deployment, ctx, self.metrics, self.residency, units=parsed.units)
+        try:
+            return await self._attempt(scope, parsed, engine, request, translate, retryable=retryable)
+        except Unanswered as exc:
+            if not retryable:
+                raise
+            return await self._retry(model, scope, exc, parsed, request, translate, images)
+
+    def _engine(
+        self, deployment: Deployment, parsed: ServedRequest, ctx: RequestContext, images: tuple[EngineImage, ...]
+    ) -> AnyEngineRequest:
+        """The engine request for `deployment`, once its residency says it can serve (fail fast: a pinned worker
+        restarting, a load that just failed)."""
+        engine = parsed.to_engine(self._target(deployment, ctx.api, images))
+        engine = self._keep_prefix(engine, ctx, deployment.name)
+        self.residency.check(deployment)
+        return engine
+
+    async def _attempt(
+        self,
+        scope: RequestScope,
+        parsed: ServedRequest,
+        engine: AnyEngineRequest,
+        request: Request,
+        translate: Translate | None,
+        *,
+        retryable: bool,
+    ) -> UnaryResult | StreamSession:
+        """Send the request to `scope`'s replica: the unary answer, or the stream opened (or waiting). When
+        `retryable`, an `Unanswered` comes back with the scope still open (`_retry` ends it)."""
+        deployment = scope.deployment
         if translate is None and deployment.reasoning.field != "reasoning_content":  # a chat answer, renamed
             translate = partial(ChatCompletion.wire, reasoning_field=deployment.reasoning.field)
         upstream, wait_s = self.upstream(deployment), self.settings.load_wait_s
         if not parsed.stream:
-            call = UnaryCall(scope, upstream=upstream, request=engine, load_wait_s=wait_s)
+            call = UnaryCall(scope, upstream=upstream, request=engine, load_wait_s=wait_s, retryable=retryable)
             return await call.run(lambda: _wait_disconnect(request), translate)
         progress = request.headers.get(PROGRESS_HEADER, self.settings.load_progress).strip().lower()
         session = StreamSession(
             scope, upstream=upstream, request=engine, include_usage=parsed.include_usage,
             keepalive_s=self.settings.keepalive_interval_s, load_wait_s=wait_s, progress_data=progress == "data",
-            keepalive_chunks=self.settings.chat_keepalive == "chunk",
+            keepalive_chunks=self.settings.chat_keepalive == "chunk", retryable=retryable,
         )  # fmt: skip
         await session.open()
         return session
+
+    async def _retry(
+        self,
+        model: Deployment,
+        failed: RequestScope,
+        exc: Unanswered,
+        parsed: ServedRequest,
+        request: Request,
+        translate: Translate | None,
+        images: tuple[EngineImage, ...],
+    ) -> UnaryResult | StreamSession:
+        """Send a request its replica answered nothing to once more, to another replica of the model (the
+        router's choice among those taking requests); without one, `failed` is accounted with `exc` as it always
+        was. Once only: a second replica failing too points past one worker (a host, the network), and each try
+        costs up to the connect timeout, so the client hears of it rather than waits through every replica."""
+        ctx = failed.ctx
+        other = self.replicas.retry(model, failed.deployment, parsed, ctx.session_key)
+        engine: AnyEngineRequest | None = None
+        if other is not None:
+            with contextlib.suppress(GatewayError):  # the other cannot take it after all: the first error stands
+                parsed.check(other.capabilities, f"model {other.name!r} ({other.plan.engine.value})")
+                engine = self._engine(other, parsed, ctx, images)
+        if other is None or engine is None:
+            failed.finish(exc.status, error=exc)
+            raise exc
+        failed.abandon()
+        self.metrics.replica_retries.labels(model.name, failed.model, exc.reason).inc()
+        log.info("request %s: replica %s answered nothing (%s: %s); sent to %s",
+                 ctx.request_id, failed.model, exc.reason, exc.message, other.name)  # fmt: skip
+        scope = RequestScope(other, ctx, self.metrics, self.residency, units=parsed.units)
+        return await self._attempt(scope, parsed, engine, request, translate, retryable=False)
 
     def _keep_prefix(self, engine: AnyEngineRequest, ctx: RequestContext, model: str) -> AnyEngineRequest:
         """The engine request with its volatile client bytes neutralised (each rule counted) and the session

@@ -31,7 +31,7 @@ from gateway.ops.auth import Principal
 from gateway.ops.live_speed import Flight
 from gateway.ops.metrics import Metrics
 from gateway.protocol.responses import ChatCompletionChunk
-from gateway.serving.passthrough import relay_direct
+from gateway.serving.passthrough import relay_direct, renamed_reasoning
 from gateway.serving.relay import (
     DONE_FRAME,
     ClientLine,
@@ -41,7 +41,7 @@ from gateway.serving.relay import (
     relay_stream,
     sse_frames,
 )
-from gateway.serving.upstream import Upstream
+from gateway.serving.upstream import Unanswered, Upstream
 
 access_log = logging.getLogger("voltgate.access")
 T = TypeVar("T")
@@ -215,12 +215,7 @@ class RequestScope:
         served from the engine's prefix cache, None when the engine does not say; a stream's are in `stats`)."""
         if self.finished:
             return
-        self.finished = True
-        if self.admitted_at is not None:
-            self.deployment.admission.release(time.monotonic() - self.admitted_at, units=self.units)
-            self.metrics.running.labels(self.model).set(self.deployment.admission.running)
-        if self.hold is not None:
-            self.hold.release()
+        self._release()
         if status == 200 and self.admitted_at is not None:
             self.deployment.worker.note_success()  # a request served: the crashes before it were no loop
         ctx, metrics, model = self.ctx, self.metrics, self.model
@@ -240,6 +235,23 @@ class RequestScope:
                 itl.observe(gap)
         account(metrics, ctx, model, status, tokens, error or (stats.error if stats is not None else None))
 
+    def abandon(self) -> None:
+        """Release the slot and hold, account nothing: the worker answered nothing (`Unanswered`) and the request
+        goes on in another replica's scope, which accounts it once. Once, like `finish` (then a no-op)."""
+        if self.finished:
+            return
+        self._release()
+        if self.flight is not None:
+            self.metrics.live.end(self.flight, completed=False, tokens=None)
+
+    def _release(self) -> None:
+        self.finished = True
+        if self.admitted_at is not None:
+            self.deployment.admission.release(time.monotonic() - self.admitted_at, units=self.units)
+            self.metrics.running.labels(self.model).set(self.deployment.admission.running)
+        if self.hold is not None:
+            self.hold.release()
+
     def _measure(self, completed: bool, tokens: tuple[int, int] | None, stats: StreamStats | None) -> None:
         """Feed the model's measured speed (`gateway.ops.live_speed`): a stream with the relay's times, a unary
         request with none (its body arrives whole)."""
@@ -255,18 +267,6 @@ class RequestScope:
             )  # fmt: skip
         if sample is not None and tokens is not None:
             self.metrics.activity.completed(self.model, tokens[1], sample.ttft_s, sample.decode_tok_s)
-
-
-_REASONING_KEY = b'"reasoning_content":'
-
-
-async def renamed_reasoning(frames: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    """The runs with each delta's `reasoning_content` key named `reasoning` (vLLM's and Ollama's name). The
-    key with its closing quote and colon never occurs inside a JSON string (a quote there is escaped), so a
-    byte replacement renames keys only."""
-    async with contextlib.aclosing(frames):
-        async for run in frames:
-            yield run.replace(_REASONING_KEY, b'"reasoning":') if _REASONING_KEY in run else run
 
 
 class StreamSession:
@@ -294,8 +294,10 @@ class StreamSession:
         load_wait_s: float | None = None,
         progress_data: bool = False,
         keepalive_chunks: bool = False,
+        retryable: bool = False,
     ) -> None:
         self.scope = scope
+        self._retryable = retryable
         self._worker = upstream
         self._request = request
         self._include_usage = include_usage
@@ -311,7 +313,8 @@ class StreamSession:
 
     async def open(self) -> None:
         """Hold the model, admit and open the upstream, or start waiting; raises `GatewayError` (before
-        headers)."""
+        headers). When `retryable`, an `Unanswered` before the headers leaves the scope open: the caller sends
+        the request to another replica (`RequestScope.abandon`) or finishes the scope with the error."""
         try:
             if self.scope.ready_now():
                 await self._open_upstream()
@@ -326,6 +329,8 @@ class StreamSession:
             self._pending.result()
             self._pending = None
         except GatewayError as exc:
+            if self._retryable and isinstance(exc, Unanswered):
+                raise  # nothing is open: no upstream, no wait (it ended before the headers)
             self._status = exc.status
             self.stats.error = exc  # accounted with its code (the relay never ran)
             await self.close()

@@ -23,7 +23,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol import ChatCompletion, Completion
 from gateway.protocol.rerank import RerankResponse
 from gateway.serving.session import CLIENT_GONE, RequestScope
-from gateway.serving.upstream import Upstream
+from gateway.serving.upstream import Unanswered, Upstream
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,16 @@ class UnaryCall:
     """One non-streamed request: its scope (model hold, slot, accounting), its worker and its engine request."""
 
     def __init__(
-        self, scope: RequestScope, *, upstream: Upstream, request: AnyEngineRequest, load_wait_s: float | None
+        self,
+        scope: RequestScope,
+        *,
+        upstream: Upstream,
+        request: AnyEngineRequest,
+        load_wait_s: float | None,
+        retryable: bool = False,
     ) -> None:
         self.scope = scope
+        self._retryable = retryable  # an `Unanswered` leaves the scope to the caller: another replica may answer
         self._worker = upstream
         self._request = request
         self._load_wait_s = load_wait_s
@@ -109,7 +116,9 @@ class UnaryCall:
 
     async def run(self, disconnected: Callable[[], Awaitable[None]], translate: Translate | None) -> UnaryResult:
         """The answer (passed through `translate` before it is accounted, so a rendering that fails is counted
-        with its error's status), or 499 when `disconnected` returns first; accounted exactly once."""
+        with its error's status), or 499 when `disconnected` returns first; accounted exactly once. When
+        `retryable`, an `Unanswered` is raised with the scope open: the caller sends the request to another
+        replica (`RequestScope.abandon`) or finishes the scope with the error."""
         status: int = 500
         tokens: Tokens | None = None
         cached: int | None = None
@@ -140,7 +149,8 @@ class UnaryCall:
             status, error = exc.status, exc
             raise
         finally:
-            self.scope.finish(status, tokens, error=error, cached=cached)
+            if not (self._retryable and isinstance(error, Unanswered)):
+                self.scope.finish(status, tokens, error=error, cached=cached)
 
 
 def _cached(chat: ChatCompletion, measured: bool) -> tuple[ChatCompletion, int | None]:

@@ -16,7 +16,7 @@ import contextlib
 import socket
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pydantic_core
@@ -56,6 +56,33 @@ def transport_error(exc: Exception, model: str) -> GatewayError:
     cause = type(exc).__name__
     message = restarted_message(model, cause) if worker is None else worker.connection_lost(cause)
     return GatewayError(ErrorCode.WORKER_UNAVAILABLE, message, retry_after_s=5)
+
+
+UnansweredReason = Literal["connect", "reset", "lost", "not_ready"]
+"""Why a worker answered nothing: no connection to it, the connection broke before the answer's headers (or,
+unary, before its body ended), the worker declared lost while the call waited, or not ready when the call began."""
+
+
+class Unanswered(GatewayError):
+    """The worker answered nothing (`reason`): no status, no byte, so nothing of the request can have reached the
+    client and the service may send it once more to another replica of the model (docs/replicas.md, "When a
+    replica fails"). Raised only by `Upstream._send`: a worker's own error answer, a timeout once connected, or a
+    stream that broke after its headers is a plain `GatewayError`."""
+
+    def __init__(self, error: GatewayError, reason: UnansweredReason) -> None:
+        super().__init__(error.code, error.message, param=error.param, retry_after_s=error.retry_after_s,
+                         status=error.status)  # fmt: skip
+        self.reason: UnansweredReason = reason
+
+
+def unanswered_reason(exc: httpx.HTTPError) -> UnansweredReason | None:
+    """The reason a transport error left the worker's answer unstarted, or None when it may have begun (a read
+    timeout: the worker took the request and is slow, so sending it again would only run it twice)."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return "connect"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return "reset"
+    return None
 
 
 class Upstream:
@@ -112,18 +139,23 @@ class Upstream:
         self, request: AnyEngineRequest, lost: asyncio.Future[str] | None, *, stream: bool
     ) -> httpx.Response:
         """Send; a transport failure, or the worker declared lost before the answer (`lost`, its `lost_signal`
-        when the call began), is the `GatewayError` that says so."""
+        when the call began), is the `GatewayError` that says so: `Unanswered` where the worker answered
+        nothing (then another replica may take the request)."""
         worker = self.deployment.worker
         try:
             if lost is None:
                 return await self._client.send(self._request(request), stream=stream)
             return await _unless_lost(self._client.send(self._request(request), stream=stream), lost)
         except httpx.HTTPError as exc:
-            raise transport_error(exc, self.deployment.name) from None
+            error, reason = transport_error(exc, self.deployment.name), unanswered_reason(exc)
+            raise (error if reason is None else Unanswered(error, reason)) from None
         except WorkerLost as exc:
-            raise GatewayError(
-                ErrorCode.WORKER_UNAVAILABLE, worker.connection_lost(str(exc)), retry_after_s=5
-            ) from None
+            error = GatewayError(ErrorCode.WORKER_UNAVAILABLE, worker.connection_lost(str(exc)), retry_after_s=5)
+            raise Unanswered(error, "lost") from None
+        except GatewayError as exc:  # `base_url`: the worker is not ready (it failed while the request queued)
+            if exc.code is not ErrorCode.WORKER_UNAVAILABLE:
+                raise
+            raise Unanswered(exc, "not_ready") from None
 
     async def post(self, request: AnyEngineRequest) -> dict[str, Any]:
         """The worker's whole answer, a JSON object; raises `GatewayError` for every other outcome."""

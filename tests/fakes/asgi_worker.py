@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -97,14 +98,60 @@ def _completion(text: str, extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class FakeNetwork(httpx.AsyncBaseTransport):
+    """The network between the gateway and several fake workers (replicas): each host an ASGI engine, or one
+    that refuses connections (`refuse`) as a killed worker's port does, or drops them before any answer (`reset`)
+    as a worker killed mid-request does. Stands for the sockets a real gateway reaches its workers through."""
+
+    def __init__(self, engines: dict[str, FakeEngine]) -> None:
+        self.engines = engines
+        self.down: dict[str, type[httpx.TransportError]] = {}  # host → the error a call to it raises
+        self.calls: list[str] = []  # the host of every call, in order
+        self.breaking: set[str] = set()  # hosts whose streams break after their first frame
+
+    def refuse(self, host: str) -> None:
+        self.down[host] = httpx.ConnectError
+
+    def reset(self, host: str) -> None:
+        self.down[host] = httpx.RemoteProtocolError
+
+    def break_after_first_frame(self, host: str) -> None:
+        """Answer with the engine's headers and first SSE frame, then drop the connection (a worker killed
+        while it streams)."""
+        self.breaking.add(host)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        self.calls.append(host)
+        if host in self.down:
+            raise self.down[host]("connection refused or reset by the fake network", request=request)
+        response = await httpx.ASGITransport(app=self.engines[host].app()).handle_async_request(request)
+        if host not in self.breaking:
+            return response
+        first = (await response.aread()).split(b"\n\n")[0] + b"\n\n"
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Broken(first))
+
+
+class _Broken(httpx.AsyncByteStream):
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        raise httpx.ReadError("connection reset mid-stream by the fake network")
+
+
 class FakeWorker:
-    """A `Worker` that is READY once started; `fail()` makes `base_url()` answer 503 like a crashed one."""
+    """A `Worker` that is READY once started; `fail()` makes `base_url()` answer 503 like a crashed one. `url` is
+    where it listens (a `FakeNetwork` host for replicas); `lost` is its `lost_signal` (resolve it to declare the
+    worker lost while a call waits)."""
 
     wording = LOCAL_WORDING
 
     def __init__(self, name: str, url: str = BASE_URL) -> None:
         self.name = name
-        self.url = url  # another engine's, e.g. a socket server's (`tests.fakes.silent_engine`)
+        self.url = url  # another engine's: a `FakeNetwork` host's, a socket server's (`tests.fakes.silent_engine`)
+        self.lost: asyncio.Future[str] | None = None
         self.state = WorkerState.STOPPED
         self.restarts = 0
         self.last_error: str | None = None
@@ -134,8 +181,8 @@ class FakeWorker:
 
     headers = NO_HEADERS
 
-    def lost_signal(self) -> None:
-        return None
+    def lost_signal(self) -> asyncio.Future[str] | None:
+        return self.lost
 
     def connection_lost(self, cause: str) -> str:
         return restarted_message(self.name, cause)

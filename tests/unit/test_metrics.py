@@ -48,6 +48,7 @@ DOCUMENTED = {
     "voltgate:measured_ttft_seconds": "gauge",
     "voltgate:prompt_neutralised": "counter",
     "voltgate:replica_picks": "counter",
+    "voltgate:replica_retries": "counter",
     "voltgate:prompt_tokens_cached": "counter",
     "voltgate:prompt_tokens_cache_reported": "counter",
     "voltgate:prefill_seconds_saved": "counter",

@@ -18,7 +18,7 @@ from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.protocol.engine_requests import EngineTarget
 from gateway.protocol.reasoning import Reasoning, ReasoningAsk, ReasoningDefault, resolve
 from gateway.protocol.responses import ChatCompletion, ChatCompletionChunk
-from gateway.serving.session import renamed_reasoning
+from gateway.serving.passthrough import renamed_reasoning
 from tests.openai_schema import assert_matches_openai
 
 OFF = Reasoning(effort="none", enabled=False, budget_tokens=0)
