@@ -205,6 +205,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 export PYTHONPATH=$PWD:/tmp/site2:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
 SERVER=$G/build-server/bin/llama-server
 [[ ${ONE_BUILD:-} == 1 ]] && export LLAMA_CPP_LIB_PATH=$G/build-server/bin MTMD_CPP_LIB=$G/build-server/bin
+# a second run on a warm machine (rm /tmp/regress/started first) may leave `setup` out: the environment it made
+[[ -f $G/env.sh ]] && source "$G/env.sh"
 for step in ${STEPS:-setup model gguf server bench}; do
   stamp "$step (code: $(cat bench/gpu/.tree 2> /dev/null || echo "${VG_COMMIT:-unknown}"))"
   case $step in
