@@ -324,8 +324,8 @@ class ModelSpec(_Spec):
         description="llama.cpp: the multimodal projector GGUF (images in chat); null: one `*mmproj*.gguf` "
         "beside the model's GGUF if there is exactly one; false: serve text only",
     )
-    replicas: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = Field(
-        default="auto", description="workers: m@2...; auto: as many as the plan finds faster (docs/replicas.md)"
+    replicas: config_replicas.Replicas = Field(
+        default="auto", description="workers: m@2...; auto: as many as the plan finds faster; {min, max}: within"
     )
     load: Literal["always", "on_demand"] = Field(
         default="always",
@@ -341,7 +341,7 @@ class ModelSpec(_Spec):
             raise ValueError("idle_unload_s needs load: on_demand (a model with load: always is never unloaded)")
         if self.load == "on_demand" and self.remote is not None:
             raise ValueError("load: on_demand needs a local model file (a remote endpoint is never loaded here)")
-        if self.replicas not in (1, "auto") and self.remote is not None:  # auto (the default): one, here
+        if config_replicas.fewest(self.replicas) != 1 and self.remote is not None:  # auto (the default): one here
             raise ValueError("replicas: a remote endpoint is one server here (run its replicas where it runs)")
         return self
 

@@ -5,16 +5,53 @@ is not allowed in a configured name, so `m@k` is always a replica of `m`."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Self, TypeVar
+from typing import Annotated, Any, Literal, Protocol, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SEPARATOR = "@"
+MOST_REPLICAS = 16
+
+
+class ReplicaRange(BaseModel):
+    """`replicas: {min: a, max: b}`: `auto`, choosing N between a and b (docs/replicas.md). `min` is kept even
+    where the plan would choose fewer (replicas that must then share a GPU say so in their warnings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: int = Field(default=1, ge=1, le=MOST_REPLICAS)
+    max: int = Field(default=MOST_REPLICAS, ge=1, le=MOST_REPLICAS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaRange:
+        if self.min > self.max:
+            raise ValueError(f"replicas: min {self.min} is over max {self.max}")
+        return self
+
+
+Replicas = Annotated[int, Field(ge=1, le=MOST_REPLICAS)] | Literal["auto"] | ReplicaRange
+"""A model's `replicas`: a number, `auto` (the default: 1 to 16, chosen by the plan) or a range to choose in."""
+
+
+def fewest(replicas: Replicas) -> int:
+    """The fewest replicas `replicas` allows: the number itself, or the range's `min` (`auto`: 1)."""
+    if isinstance(replicas, int):
+        return replicas
+    return 1 if replicas == "auto" else replicas.min
+
+
+def chosen_between(replicas: Replicas) -> tuple[int, int] | None:
+    """The range the plan chooses N in, or None for a fixed number."""
+    if isinstance(replicas, int):
+        return None
+    return (1, MOST_REPLICAS) if replicas == "auto" else (replicas.min, replicas.max)
 
 
 class _Replicable(Protocol):  # gateway.config.ModelSpec, which imports this module
     @property
     def name(self) -> str: ...
     @property
-    def replicas(self) -> int | str: ...
+    def replicas(self) -> Replicas: ...
     @property
     def concurrency(self) -> int: ...
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
@@ -51,7 +88,7 @@ def expand(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
             raise ValueError(f"{name!r}: '@' names a replica (k of `replicas: N` of {base!r}), not a model")
     out: list[ModelSpec] = []
     for spec in models:
-        n = spec.replicas if isinstance(spec.replicas, int) else 1  # auto: by the plan
+        n = spec.replicas if isinstance(spec.replicas, int) else 1  # auto or a range: by the plan
         names = [replica_name(spec.name, k) for k in range(2, n + 1)]
         if names and not any(name in listed for name in names):  # `concurrency` is the model's: split it
             spec = spec.model_copy(update={"concurrency": -(-spec.concurrency // n)})

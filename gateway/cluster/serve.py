@@ -47,6 +47,7 @@ from gateway.cluster.hosts import HostView
 from gateway.cluster.live import ClusterUnavailable, connect, hosts_from_agents, is_live
 from gateway.cluster.plan import ClusterReport, plan_cluster, plan_cluster_with_replicas
 from gateway.config import Config, ModelSpec
+from gateway.config_replicas import chosen_between
 from gateway.lifecycle.deployments import Deployment, Registry
 from gateway.lifecycle.memory import ModelMemory, Pools, ReportedProbe
 from gateway.lifecycle.workers import Worker, WorkerState
@@ -181,7 +182,7 @@ class ClusterServing:
         resolves each `replicas: auto` over the hosts then (`plan_cluster_with_replicas`) and `config` keeps the
         number, its replicas made: a re-plan after a host is lost or joins places the same replicas, never a
         new N (a running replica is never dropped or renamed by a re-plan)."""
-        if any(spec.replicas == "auto" for spec in self.config.models):
+        if any(chosen_between(spec.replicas) is not None for spec in self.config.models):
             self.config, self.report = plan_cluster_with_replicas(self.config, list(self.views.values()))
             return self.report
         specs = tuple(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from gateway.config import Config, ModelSpec
-from gateway.config_replicas import expand, replica_name
+from gateway.config_replicas import MOST_REPLICAS, chosen_between, expand, replica_name
 from gateway.placement.inventory import Inventory
 from gateway.placement.policy import plan_models
 from gateway.placement.report import ModelDecision, PlacementReport
@@ -88,11 +88,15 @@ def resolve_with(config: Config, planner: Planner[R]) -> tuple[Config, dict[str,
     """`resolve_replicas` against any planner."""
     notes: dict[str, str] = {}
     report: R | None = None  # the last choice's plan
-    for spec in [m for m in config.models if m.replicas == "auto"]:
-        if spec.remote is not None or min(planner.gpus(spec), spec.concurrency) <= 1:
+    for spec in config.models:
+        between = chosen_between(spec.replicas)
+        if between is None:
+            continue
+        lo, hi = between
+        if lo == 1 and (spec.remote is not None or min(hi, planner.gpus(spec), spec.concurrency) <= 1):
             config = _with(config, spec, 1)  # nothing to compare (the default on one GPU): no plan, no note
             continue  # (a plan made before stays the plan: `auto` and 1 plan alike)
-        config, notes[spec.name], chosen = _choose(config, spec, planner)
+        config, notes[spec.name], chosen = _choose(config, spec, planner, lo, hi)
         report = chosen
     return config, notes, report
 
@@ -115,28 +119,30 @@ def _with(config: Config, spec: ModelSpec, replicas: int) -> Config:
     return config.model_copy(update={"models": expand(models)})
 
 
-def _choose(config: Config, spec: ModelSpec, planner: Planner[R]) -> tuple[Config, str, R]:
-    most = max(1, min(planner.gpus(spec), spec.concurrency))
+def _choose(config: Config, spec: ModelSpec, planner: Planner[R], lo: int, hi: int) -> tuple[Config, str, R]:
+    """N in `lo`..`hi` (within the GPUs and sessions, never under `lo`), against the one placement (N = 1)."""
+    most = max(lo, min(hi, planner.gpus(spec), spec.concurrency))
+    said = "auto" if (lo, hi) == (1, MOST_REPLICAS) else f"{lo}-{hi}"
     reports = {1: planner.plan(_with(config, spec, 1))}
     others = [m.name for m in config.models if m.name != spec.name]
     trials: list[Trial] = []
     skipped: list[str] = []
-    for n in range(1, most + 1):
+    for n in range(lo, most + 1):
         reports[n] = reports[n] if n in reports else planner.plan(_with(config, spec, n))
         trial = _trial(planner, reports[n], reports[1], spec, n, others)
         if isinstance(trial, Trial):
             trials.append(trial)
         else:
             skipped.append(trial)
-    if not trials:
-        note = "replicas: auto -> 1 (no placement of one replica on GPUs to compare)"
-        return _with(config, spec, 1), note, reports[1]
     floor = config.placement_for(spec).min_tok_s_per_stream
-    eligible = [t for t in trials if t.replicas == 1 or t.per_stream_tok_s >= floor]
+    eligible = [t for t in trials if t.replicas == lo or t.per_stream_tok_s >= floor]
+    if not eligible:
+        note = f"replicas: {said} -> {lo} (no placement of {lo} replica(s) apart on GPUs to compare)"
+        return _with(config, spec, lo), note + "".join(f"; {s}" for s in skipped), reports[lo]
     top = max(t.total_tok_s for t in eligible)
     best = min((t for t in eligible if t.total_tok_s * GAIN >= top), key=lambda t: t.replicas)
     runner = max((t for t in trials if t is not best), key=lambda t: t.total_tok_s, default=None)
-    note = f"replicas: auto -> {best.replicas}: {_said(best)}"
+    note = f"replicas: {said} -> {best.replicas}: {_said(best)}"
     if runner is not None:
         note += f"; runner-up {runner.replicas}: {_said(runner)}"
     if skipped:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from backends.base import EngineName
 from gateway.config import Config, load_config
@@ -396,3 +397,36 @@ def test_replicas_auto_weighs_replicas_against_tensor_parallelism(zoo: Path) -> 
     assert plan_with_replicas(one, inventory_from_spec("8xv100-32gb"))[0].models[0].replicas == 1
     single = Config.model_validate({"gpus": "v100-32gb", "models": [{**model, "concurrency": 8}], "base_dir": zoo})
     assert [m.name for m in plan_with_replicas(single, inventory_from_spec("v100-32gb"))[0].models] == ["m"]
+
+
+def test_replicas_a_range_chooses_within_it_and_keeps_its_min(zoo: Path) -> None:
+    """`replicas: {min, max}`: `auto` within the range; its `min` stands even where no N is a candidate (one
+    GPU: the replicas share it, and say so); a range that allows 1 on one GPU costs no plan, as `auto`."""
+    from gateway.placement.replica_choice import plan_with_replicas
+
+    model = {"name": "m", "sources": [hf("llama2-7b")], "context": 2048, "engine": "lmdeploy", "concurrency": 32}
+    eight = inventory_from_spec("8xv100-32gb")
+    ranged = {**model, "replicas": {"min": 2, "max": 3}}
+    config = Config.model_validate({"gpus": "8xv100-32gb", "models": [ranged], "base_dir": zoo})
+    resolved, report = plan_with_replicas(config, eight)
+    n = resolved.models[0].replicas
+    assert n in (2, 3) and len(report.plans) == n and report.decision("m").notes[0].startswith(f"replicas: 2-3 -> {n}")
+    auto = Config.model_validate({"gpus": "8xv100-32gb", "models": [{**model, "replicas": "auto"}], "base_dir": zoo})
+    assert plan_with_replicas(auto, eight)[0].models[0].replicas > 3  # so the range is what held it to 3
+    small = {**ranged, "concurrency": 2, "context": 1024}  # two 7B FP16 fit one V100-32GB with a session each
+    single = Config.model_validate({"gpus": "v100-32gb", "models": [small], "base_dir": zoo})
+    resolved, report = plan_with_replicas(single, inventory_from_spec("v100-32gb"))
+    assert [m.name for m in resolved.models] == ["m", "m@2"]
+    assert report.decision("m").notes[0].startswith("replicas: 2-3 -> 2 (no placement of 2 replica(s) apart")
+    assert any("shares GPU 0" in w for w in report.decision("m@2").warnings)
+
+
+def test_a_replica_range_is_checked_and_reads_back() -> None:
+    spec = {"name": "m", "sources": [{"gguf": "/m/m.gguf"}], "replicas": {"min": 3, "max": 2}}
+    with pytest.raises(ValidationError, match="min 3 is over max 2"):
+        Config.model_validate({"gpus": "none", "models": [spec]})
+    config = Config.model_validate({"gpus": "none", "models": [{**spec, "replicas": {"max": 4}}]})
+    assert Config.model_validate(config.model_dump(mode="json")) == config
+    remote = {"name": "r", "sources": [{"remote": "http://10.0.0.2:8000/v1"}], "replicas": {"min": 2}}
+    with pytest.raises(ValidationError, match="remote endpoint is one server"):
+        Config.model_validate({"gpus": "none", "models": [remote]})
