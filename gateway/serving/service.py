@@ -118,12 +118,18 @@ class Service:
             return await self._retry(model, scope, exc, parsed, request, translate, images)
 
     def _engine(
-        self, deployment: Deployment, parsed: ServedRequest, ctx: RequestContext, images: tuple[EngineImage, ...]
+        self,
+        deployment: Deployment,
+        parsed: ServedRequest,
+        ctx: RequestContext,
+        images: tuple[EngineImage, ...],
+        *,
+        count: bool = True,
     ) -> AnyEngineRequest:
         """The engine request for `deployment`, once its residency says it can serve (fail fast: a pinned worker
-        restarting, a load that just failed)."""
+        restarting, a load that just failed). `count`: its neutralised bytes counted (not again for a retry)."""
         engine = parsed.to_engine(self._target(deployment, ctx.api, images))
-        engine = self._keep_prefix(engine, ctx, deployment.name)
+        engine = self._keep_prefix(engine, ctx, deployment.name, count=count)
         self.residency.check(deployment)
         return engine
 
@@ -175,7 +181,7 @@ class Service:
         if other is not None:
             with contextlib.suppress(GatewayError):  # the other cannot take it after all: the first error stands
                 parsed.check(other.capabilities, f"model {other.name!r} ({other.plan.engine.value})")
-                engine = self._engine(other, parsed, ctx, images)
+                engine = self._engine(other, parsed, ctx, images, count=False)  # counted for the first
         if other is None or engine is None:
             failed.finish(exc.status, error=exc)
             raise exc
@@ -186,13 +192,15 @@ class Service:
         scope = RequestScope(other, ctx, self.metrics, self.residency, units=parsed.units)
         return await self._attempt(scope, parsed, engine, request, translate, retryable=False)
 
-    def _keep_prefix(self, engine: AnyEngineRequest, ctx: RequestContext, model: str) -> AnyEngineRequest:
+    def _keep_prefix(
+        self, engine: AnyEngineRequest, ctx: RequestContext, model: str, *, count: bool = True
+    ) -> AnyEngineRequest:
         """The engine request with its volatile client bytes neutralised (each rule counted) and the session
         key attached (`gateway.serving.prompt_prefix`; `prompt_cache` in the config switches each off)."""
         if not isinstance(engine, EngineRequest):
             return engine
         engine, rules = neutralise(engine, self.prompt_cache)
-        for rule in rules:
+        for rule in rules if count else ():
             self.metrics.prompt_neutralised.labels(model, rule.value).inc()
         if ctx.session_key is not None and self.prompt_cache.session_key:
             engine = engine.model_copy(update={"session_key": ctx.session_key})

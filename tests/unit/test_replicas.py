@@ -211,8 +211,8 @@ class Retrying:
         settings = ServerSettings(keepalive_interval_s=0.05)
         self.service = Service(registry(*self.deployments.values()), client, settings, self.metrics)
 
-    async def send(self, *, stream: bool = False) -> UnaryResult | StreamSession:
-        parsed = ChatCompletionRequest.model_validate({"model": "m", "messages": USER, "stream": stream})
+    async def send(self, *, stream: bool = False, messages: list[dict[str, Any]] = USER) -> UnaryResult | StreamSession:
+        parsed = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "stream": stream})
         ctx = RequestContext(request_id="req-1", principal=OPEN, started=0.0)
         return await self.service.handle(parsed, _request(), ctx)
 
@@ -226,6 +226,11 @@ class Retrying:
         found = self.metrics.registry.collect()
         return {(s.labels["model"], s.labels["from_replica"], s.labels["reason"]): s.value for f in found
                 if f.name == "voltgate:replica_retries" for s in f.samples if s.name.endswith("_total")}  # fmt: skip
+
+    def neutralised(self) -> float:
+        found = self.metrics.registry.collect()
+        return sum(s.value for f in found if f.name == "voltgate:prompt_neutralised" for s in f.samples
+                   if s.name.endswith("_total"))  # fmt: skip
 
     def idle(self) -> bool:
         return all(d.admission.running == 0 and d.admission.waiting == 0 for d in self.deployments.values())
@@ -250,6 +255,15 @@ async def test_a_replica_that_refuses_the_connection_is_replaced_by_another(
     assert r.retries() == {("m", "m", "connect" if fail == "refuse" else "reset"): 1}
     assert r.requests() == {("m@2", "200"): 1} and access_lines(caplog) == [("m@2", 200)]  # accounted once
     assert r.idle()  # the failed attempt's slot released too
+
+
+async def test_a_retried_request_counts_its_neutralised_prompt_bytes_once() -> None:
+    r = Retrying("m", "m@2")
+    r.network.refuse("m")
+    billing = {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=cli;"}
+    result = await r.send(messages=[billing, *USER])
+    assert isinstance(result, UnaryResult) and result.status == 200
+    assert r.retries() == {("m", "m", "connect"): 1} and r.neutralised() == 1
 
 
 async def test_a_stream_whose_worker_was_declared_lost_is_answered_by_another(
