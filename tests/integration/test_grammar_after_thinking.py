@@ -9,6 +9,8 @@ that favour it alone, picks it (a token the grammar forbids is never accepted: l
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from backends.llamacpp.worker.native import ContextOptions, Model, Sampler
-from backends.llamacpp.worker.reasoning import ReasoningSyntax, Start, after_thinking
+from backends.llamacpp.worker.reasoning import NO_REASONING, ReasoningSyntax, Start, after_thinking
 from backends.llamacpp.worker.sampling import SamplingParams
 from backends.llamacpp.worker.tools.formats import HARMONY, HERMES, ToolFormat
 from tests.integration.test_tool_formats import CLOCK, WEATHER
@@ -133,3 +135,48 @@ def test_harmony_call_grammar_holds_the_arguments_to_the_schema(model: Model) ->
     good = CALL.removeprefix("<|start|>assistant")
     assert follows(model, sampler(model, HARMONY, GPT_OSS, "answer", lazy=False), good)
     assert not follows(model, sampler(model, HARMONY, GPT_OSS, "answer", lazy=False), good.replace('"Paris"', "3"))
+
+
+# A child process: llama.cpp aborts the process on text its grammar refuses, which pytest would not survive.
+_RUNS_ON = """
+import sys
+from pathlib import Path
+from backends.llamacpp.worker.native import ContextOptions, Model
+from backends.llamacpp.worker.tools.formats import HARMONY, HERMES
+from tests.integration.test_grammar_after_thinking import GPT_OSS, NO_REASONING, QWEN3, follows, free, sampler
+path, fmt, syntax, start, text = sys.argv[1:]
+model = Model(Path(path), ContextOptions(n_ctx_per_seq=256, n_seq_max=1, n_threads=1, cache_type="bf16"))
+chain = sampler(model, {"hermes": HERMES, "harmony": HARMONY}[fmt], {"qwen3": QWEN3, "gpt-oss": GPT_OSS,
+    "none": NO_REASONING}[syntax], start, lazy=True)
+print("followed" if follows(model, chain, text) else "refused", "free" if free(model, chain) else "held")
+"""
+
+
+@pytest.mark.parametrize(
+    ("fmt", "syntax", "start", "text"),
+    [
+        ("hermes", "none", "answer", "Let me check. <tool_call></tool_call>"),  # `></` is one SmolLM2 token
+        ("hermes", "qwen3", "open", "<think>\nOk.</think>\n\nLet me check. <tool_call></tool_call>"),
+        ("hermes", "qwen3", "thinking", "Ok.</think>\n\n<tool_call></tool_call>"),
+        ("harmony", "gpt-oss", "open", " to=functions.__"),  # `.__` is one token; no tool name starts `_`
+    ],
+)
+def test_a_token_that_runs_past_a_call_opener_leaves_the_text_free(
+    smollm2_path: Path, fmt: str, syntax: str, start: str, text: str
+) -> None:
+    """The worker aborted on `<tool_call` then `></` (llama.cpp's "Unexpected empty grammar stack" under
+    real Claude Code): the trigger fired at `<tool_call>` and llama.cpp replayed the rest of the token,
+    `</`, into the call grammar. Now the trigger does not fire there, and the text stays free."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNS_ON, str(smollm2_path), fmt, syntax, start, text],
+        capture_output=True, text=True, timeout=120, cwd=root, env={"PYTHONPATH": str(root)}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["followed", "free"]
+
+
+def test_a_call_opener_then_the_call_still_starts_the_grammar(model: Model) -> None:
+    chain = sampler(model, HERMES, NO_REASONING, "answer", lazy=True)
+    assert follows(model, chain, 'Let me check. <tool_call>\n{"name": "get_')
+    assert not free(model, chain)

@@ -200,13 +200,37 @@ def test_lazy_grammars_leave_text_free_until_a_call_opens(checker: Checker, fmt:
     assert not checker.accepts(grammar, bad, sampler=lazy_sampler(checker, grammar, patterns))
 
 
+NAMES = ["get_weather", "get_time"]
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_trigger_patterns_capture_the_opener(fmt: ToolFormat) -> None:
-    (pattern,) = fmt.trigger_patterns()
+    (pattern,) = fmt.trigger_patterns(NAMES)
+    lead = "" if fmt is LLAMA3 else "Some text. "
     text = call_text(fmt, "get_time", {})
-    match = re.fullmatch(pattern, ("" if fmt is LLAMA3 else "Some text. ") + text)
+    opened = lead + text[: text.index("get_time")]  # the text up to the name: a token may end anywhere here
+    match = re.fullmatch(pattern, opened)
     assert match is not None and text.startswith(match.group(1))
     assert re.fullmatch(pattern, "Nothing to call.") is None
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_trigger_patterns_fire_only_on_text_the_grammar_holds(fmt: ToolFormat) -> None:
+    """llama.cpp replays the text after the opener into the grammar when a pattern fires, and aborts the
+    worker on text the grammar refuses: a pattern fires on every prefix of a call up to its tool's name,
+    never on a token that runs past the opener into anything else."""
+    (pattern,) = fmt.trigger_patterns(NAMES)
+    lead = "" if fmt is LLAMA3 else "Some text. "
+    text = call_text(fmt, "get_time", {})
+    opener = re.fullmatch(pattern, lead + text[: text.index("get_time")])
+    assert opener is not None
+    start = len(lead) + len(opener.group(1))
+    named = text.index("get_time") + len("get_time") + len(fmt.name_end)
+    for end in range(start, len(lead) + named + 1):
+        assert re.fullmatch(pattern, (lead + text)[:end]) is not None, (lead + text)[:end]
+    head = lead + text[: start - len(lead)]
+    for runs_on in ["></", "x", fmt.call_head + "nope", fmt.call_head + "get_time" + fmt.name_end + "!"]:
+        assert re.fullmatch(pattern, head + runs_on) is None, head + runs_on
 
 
 # --- SmolLM2 forced to call ---------------------------------------------------------------------------------

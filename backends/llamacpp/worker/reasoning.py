@@ -191,7 +191,9 @@ def after_thinking(
     if start != "thinking":
         return grammar, triggers
     root = f'root ::= "{THINK_CLOSE}" [ \\t\\n]* answer-root'
-    return f"{_renamed_root(grammar)}\n{root}\n", (r"^[\s\S]*?(" + THINK_CLOSE + r")[\s\S]*$",)
+    # Only whitespace after `</think>` in the token that closes it: llama.cpp would abort on more (see
+    # `tools.formats.may_follow`); a token that runs on into the answer leaves the reply unheld.
+    return f"{_renamed_root(grammar)}\n{root}\n", (r"^[\s\S]*?(" + THINK_CLOSE + r")[ \t\n]*$",)
 
 
 def _after_think_close(triggers: tuple[str, ...], start: Start) -> tuple[str, ...]:

@@ -21,11 +21,38 @@ def full_match(pattern: str) -> str:
     return "^" + pattern + "$"
 
 
-def _word_pattern(word: str) -> str:
-    """A lazy-grammar trigger pattern (matched against all text generated so far) that fires at `word`:
-    the grammar is applied from the first capture group on."""
-    escaped = "".join("\\" + c if c in r"\^$.|?*+()[]{}" else c for c in word)
-    return full_match(rf"[\s\S]*?({escaped})[\s\S]*")
+def escaped(text: str) -> str:
+    """`text` as a literal in a trigger pattern (std::regex ECMAScript and Python's `re` alike)."""
+    controls = {"\n": r"\n", "\t": r"\t", "\r": r"\r"}
+    return "".join("\\" + c if c in r"\^$.|?*+()[]{}" else controls.get(c, c) for c in text)
+
+
+def _prefixes(text: str) -> str:
+    """A pattern for any prefix of `text`, the empty one included."""
+    pattern = ""
+    for c in reversed(text):
+        pattern = f"(?:{escaped(c)}{pattern})?"
+    return pattern
+
+
+def may_follow(head: str, names: Iterable[str] = ()) -> str:
+    """A pattern for what may follow a trigger word in the token that completes it: a prefix of `head`
+    then of one of `names` (what the grammar holds next).
+
+    Once a pattern fires, llama.cpp replays the text from its capture group into the grammar, and text the
+    grammar refuses throws a C++ exception that cannot cross our ctypes call: the worker aborts (a token
+    like `></` right after `<tool_call`). So a trigger fires only where that text is a prefix of what the
+    grammar holds; a token that runs further leaves the text free, and the parser reads it as written."""
+    alternatives = "|".join(_prefixes(name) for name in names)
+    if not alternatives:
+        return _prefixes(head)
+    return f"(?:{escaped(head)}(?:{alternatives})|{_prefixes(head)})"
+
+
+def _word_pattern(word: str, rest: str) -> str:
+    """A lazy-grammar trigger pattern (matched against all text generated so far) that fires at `word`
+    followed by text that matches `rest`: the grammar is applied from the first capture group on."""
+    return full_match(rf"[\s\S]*?({escaped(word)}){rest}")
 
 
 class ToolFormat(ABC):
@@ -40,6 +67,10 @@ class ToolFormat(ABC):
     name: ClassVar[str]
     native: ClassVar[bool] = True
     trigger: ClassVar[str]
+    call_head: ClassVar[str] = ""
+    """What the grammar holds between `trigger` and the tool's name (canonically spaced)."""
+    name_end: ClassVar[str] = ""
+    """What the grammar holds right after the name."""
     preserved_tokens: ClassVar[tuple[str, ...]] = ()
     parallel_calls: ClassVar[bool] = True
     """Whether the family can make several calls in one reply (if not, `grammar` ignores `parallel`)."""
@@ -70,15 +101,18 @@ class ToolFormat(ABC):
         each call's arguments conforming to its tool's `parameters` schema. For tool_choice "required"
         and a named tool (pass only that one)."""
 
-    def trigger_patterns(self) -> tuple[str, ...]:
+    def trigger_patterns(self, names: Sequence[str]) -> tuple[str, ...]:
         """Regexes (std::regex ECMAScript, full match over the text so far: `^...$`) that start a lazy
-        grammar."""
-        return (_word_pattern(self.trigger),)
+        grammar for tools named `names`."""
+        return (_word_pattern(self.trigger, self._may_follow(names)),)
+
+    def _may_follow(self, names: Sequence[str]) -> str:
+        return may_follow(self.call_head, [name + self.name_end for name in names])
 
     def lazy_grammar(self, tools: Sequence[Tool], parallel: bool) -> tuple[str, tuple[str, ...]]:
         """`grammar(tools)` and the trigger patterns for `llama_sampler_init_grammar_lazy_patterns`: free
         text until a call opens, then the call is held to the grammar (tool_choice "auto")."""
-        return self.grammar(tools, parallel=parallel), self.trigger_patterns()
+        return self.grammar(tools, parallel=parallel), self.trigger_patterns([t.function.name for t in tools])
 
     def parse(self, text: str, tool_names: Iterable[str]) -> ParsedOutput:
         """The calls in a finished generation and the text around them.
@@ -94,6 +128,8 @@ class HermesFormat(ToolFormat):
 
     name = "hermes"
     trigger = HermesSyntax.OPEN
+    call_head = '\n{"name": "'
+    name_end = '"'
     preserved_tokens = (HermesSyntax.OPEN, HermesSyntax.CLOSE)
 
     def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:
@@ -135,9 +171,11 @@ class Llama3Format(ToolFormat):
     def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:  # noqa: ARG002 (one call per turn)
         return gbnf.llama3_grammar(tools)
 
-    def trigger_patterns(self) -> tuple[str, ...]:
+    name_end = '"'
+
+    def trigger_patterns(self, names: Sequence[str]) -> tuple[str, ...]:
         # Only a reply that opens with the call's JSON (spaced as the grammar allows) is a call.
-        return (full_match(r'\s*(\{ ?"name" ?: ?")[\s\S]*'),)
+        return (full_match(r'\s*(\{ ?"name" ?: ?")' + self._may_follow(names)),)
 
 
 class MistralFormat(ToolFormat):
@@ -145,6 +183,8 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     trigger = MistralSyntax.OPEN
+    call_head = '[{"name": "'
+    name_end = '"'
     preserved_tokens: ClassVar[tuple[str, ...]] = (MistralSyntax.OPEN,)
 
     def prepare_messages(
@@ -165,6 +205,8 @@ class MistralNamedFormat(MistralFormat):
     """Mistral v11+ tokenizers (Small 3.2, Devstral, Magistral): `[TOOL_CALLS]name[ARGS]{...}` per call."""
 
     name = "mistral_v11"
+    call_head = ""
+    name_end = ""
     preserved_tokens = (MistralSyntax.OPEN, "[CALL_ID]", "[ARGS]")
 
     def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:
@@ -193,11 +235,12 @@ class HarmonyFormat(ToolFormat):
     def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:  # noqa: ARG002 (one call per turn)
         return gbnf.harmony_grammar(tools)
 
-    def trigger_patterns(self) -> tuple[str, ...]:
+    def trigger_patterns(self, names: Sequence[str]) -> tuple[str, ...]:
         # A call's header at the start of the output (the prompt ends in `<|start|>assistant`) or of a later
         # message: never inside a message's text. The grammar starts at the recipient.
         start = r"(?:[\s\S]*?<\|start\|>assistant)?"
-        return (full_match(start + r"( to=functions\.|<\|channel\|>commentary to=functions\.)[\s\S]*"),)
+        header = r"( to=functions\.|<\|channel\|>commentary to=functions\.)"
+        return (full_match(start + header + self._may_follow(names)),)
 
 
 GENERIC = GenericFormat(HermesSyntax())
