@@ -40,14 +40,12 @@ class Replicas:
         group = self.registry.replicas(deployment)
         if len(group) == 1:
             return deployment
-        router = self._routers.setdefault(deployment.name, ReplicaRouter())
-        loads = [self._load(replica, router) for replica in group]
-        try:
-            pick = router.pick(loads, routing_text(parsed.log_prompt()), session_key)
-        except NoReplica:
+        routed = self._route(group, self._routers.setdefault(deployment.name, ReplicaRouter()), parsed, session_key)
+        if routed is None:
             return deployment
-        self.metrics.replica_picks.labels(deployment.name, pick.replica, pick.reason).inc()
-        return next(replica for replica in group if replica.name == pick.replica)
+        replica, reason = routed
+        self.metrics.replica_picks.labels(deployment.name, replica.name, reason).inc()
+        return replica
 
     def retry(
         self, deployment: Deployment, failed: Deployment, parsed: ServedRequest, session_key: str | None
@@ -59,12 +57,26 @@ class Replicas:
         router = self._routers.get(deployment.name)
         if len(group) == 1 or router is None:
             return None
-        loads = [replace(self._load(r, router), healthy=False) if r is failed else self._load(r, router) for r in group]
+        routed = self._route(group, router, parsed, session_key, failed=failed)
+        return None if routed is None else routed[0]
+
+    def _route(
+        self,
+        group: list[Deployment],
+        router: ReplicaRouter,
+        parsed: ServedRequest,
+        session_key: str | None,
+        failed: Deployment | None = None,
+    ) -> tuple[Deployment, str] | None:
+        """The router's choice among `group` and why, `failed` counted as taking nothing (each replica's load is
+        read all the same: a failed one is forgotten there); None when none takes requests."""
+        loads = [self._load(replica, router) for replica in group]
+        loads = [replace(load, healthy=False) if r is failed else load for r, load in zip(group, loads, strict=True)]
         try:
             pick = router.pick(loads, routing_text(parsed.log_prompt()), session_key)
         except NoReplica:
             return None
-        return next(replica for replica in group if replica.name == pick.replica)
+        return next(replica for replica in group if replica.name == pick.replica), pick.reason
 
     def _load(self, replica: Deployment, router: ReplicaRouter) -> ReplicaLoad:
         """A replica as the router sees it: a starting or unloaded on-demand replica takes requests but counts as
