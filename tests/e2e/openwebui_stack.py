@@ -5,9 +5,11 @@ Open WebUI is not a test dependency (its install is 2.9 GB with CPU torch, ~12 m
 venv, `VOLTGATE_OPENWEBUI_VENV` (default `~/.cache/voltgate/openwebui-0.12.4`, made by `make openwebui-venv`),
 and `open_webui_binary()` skips the test, saying so, when that venv is not there. Open WebUI talks to the
 gateway through the logging proxy (tests/clients/recorder.py), so what it sent can be checked, not assumed.
-Everything is on 127.0.0.1 with Open WebUI's offline settings. Used by tests/e2e/test_open_webui_real.py
-(the backend driven as its browser's code does), tests/e2e/test_open_webui_reasoning.py (the same, on a thinking
-model) and tests/e2e/test_open_webui_browser.py (its real UI in headless chromium).
+Everything is on 127.0.0.1 with Open WebUI's offline settings. `openwebui_stack` starts the three in order
+(each test module's one fixture, with its gateway as a parameter); `drive` runs the browser's code against it.
+Used by tests/e2e/test_open_webui_real.py (the backend driven as its browser's code does),
+tests/e2e/test_open_webui_reasoning.py (the same, on a thinking model) and tests/e2e/test_open_webui_browser.py
+(its real UI in headless chromium).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ import httpx
 import pytest
 
 from tests.clients import recorder
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 from tests.e2e.conftest import Gateway, model_entry, running_gateway, write_config
 from tests.e2e.test_vision import VLM
 from tests.fixtures.gguf_templates import thinking_gguf
@@ -33,6 +36,7 @@ from tests.fixtures.vlm.build import vlm_dir
 
 VENV = Path(os.environ.get("VOLTGATE_OPENWEBUI_VENV", Path.home() / ".cache/voltgate/openwebui-0.12.4"))
 START_TIMEOUT_S = 240
+ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))  # each answer, in `drive`
 # What makes Open WebUI start and run with no internet: no embedding model download (RAG through an
 # OpenAI-style engine it never calls here), no version check, no Ollama, HF offline, a fixed secret.
 OFFLINE_ENV = {
@@ -45,6 +49,48 @@ OFFLINE_ENV = {
 CHAT_PATH = "/v1/chat/completions"
 THINKING = "smol-thinking"  # the model of `thinking_gateway`
 TASK_PROMPTS = ("concise title", "tags categorizing", "Predict 3-5 useful messages")  # Open WebUI's task prompts
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A running `openwebui_stack`."""
+
+    gateway: Gateway
+    log: Path  # the proxy's JSONL log of what Open WebUI sent and what it got back
+    url: str  # Open WebUI's
+
+
+@contextmanager
+def openwebui_stack(
+    gateway: Callable[[Path], AbstractContextManager[Gateway]],
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    record: Path | None = None,
+) -> Iterator[Stack]:
+    """The gateway `gateway(folder)` starts (`vlm_gateway`, `thinking_gateway`), the logging proxy in front of it
+    (its log at `record`, else in a folder of its own) and `open-webui serve` talking to the proxy, stopped in the
+    reverse order; the temporary folders are named after `name`. Skips first, before anything starts, when the
+    Open WebUI venv is missing."""
+    open_webui_binary()
+    with gateway(tmp_path_factory.mktemp(f"{name}-gateway")) as gw:
+        log = record or tmp_path_factory.mktemp(f"{name}-rec") / "rec.jsonl"
+        data_dir = tmp_path_factory.mktemp(f"{name}-data")
+        with recording_proxy(gw, log) as proxy, open_webui_server(proxy, data_dir) as url:
+            yield Stack(gw, log, url)
+
+
+def drive(url: str, model: str, *, image: Path | None = None, tools: Sequence[str] = ("off", "off")) -> dict[str, Any]:
+    """Open WebUI at `url` driven as its browser's code does (tests/clients/openwebui_browser.py, under the Open
+    WebUI venv's Python): a message with `image` then a text one, or the text one alone; `tools` ("on"/"off"
+    for each) its built-in tools. What the driver saw, as it prints it."""
+    argv = [str(VENV / "bin" / "python"), "-m", "tests.clients.openwebui_browser", "--url", url, "--model", model,
+            *(["--image", str(image)] if image is not None else []),
+            "--tools", *tools, "--timeout", str(ANSWER_TIMEOUT_S)]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=4 * ANSWER_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def open_webui_binary() -> Path:

@@ -17,6 +17,7 @@ saved as a screenshot (`VOLTGATE_OPENWEBUI_SCREENSHOT=FILE.png` keeps it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,13 +33,13 @@ import pytest
 from tests.browser.conftest import chromium, missing
 from tests.e2e.conftest import Gateway
 from tests.e2e.openwebui_stack import (
+    ANSWER_TIMEOUT_S,
     THINKING,
+    Stack,
     chat_requests,
     chat_requests_with_tasks,
     image_parts,
-    open_webui_binary,
-    open_webui_server,
-    recording_proxy,
+    openwebui_stack,
     streamed_text,
     vlm_gateway,
 )
@@ -52,7 +53,6 @@ pytestmark = [
 PROMPT = "Describe the picture."
 THINKING_PROMPT = "Explain in two sentences why the sky is blue."  # greedy SmolLM2 thinks to its budget, then answers
 UI_WAIT_S = 60.0
-ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))
 TASKS_TIMEOUT_S = 180
 # No name resolves but loopback: an asset or call to the internet would fail (and show in the network log).
 OFFLINE_ARGS = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
@@ -60,23 +60,11 @@ LOOPBACK = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/")
 
 
 @pytest.fixture(scope="module")
-def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    open_webui_binary()
-    with vlm_gateway(smollm2_path, tmp_path_factory.mktemp("owui-browser-gateway"), thinking=True) as gw:
-        yield gw
-
-
-@pytest.fixture(scope="module")
-def recording(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    out = tmp_path_factory.mktemp("owui-browser-rec") / "rec.jsonl"
-    with recording_proxy(gateway, out) as url:
-        yield url, out
-
-
-@pytest.fixture(scope="module")
-def open_webui(recording: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with open_webui_server(recording[0], tmp_path_factory.mktemp("owui-browser-data")) as url:
-        yield url
+def stack(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The VLM and the thinking model behind one Open WebUI, for both tests."""
+    gateway = functools.partial(vlm_gateway, smollm2_path, thinking=True)
+    with openwebui_stack(gateway, tmp_path_factory, "owui-browser") as running:
+        yield running
 
 
 class Page:
@@ -296,7 +284,7 @@ def without_images(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_an_image_attached_in_open_webuis_browser_ui_reaches_the_model_and_the_answer_streams_back(
-    open_webui: str, recording: tuple[str, Path], gateway: Gateway, tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     image = tmp_path / "red.png"
     image.write_bytes(RED)
@@ -304,7 +292,7 @@ def test_an_image_attached_in_open_webuis_browser_ui_reaches_the_model_and_the_a
     with chromium("1280,900", args=OFFLINE_ARGS, network_log=True) as driver:
         page = Page(driver, tmp_path)
         started = time.monotonic()
-        sign_up(page, open_webui)
+        sign_up(page, stack.url)
         select_model(page, VLM)
         function_calling_legacy(page)
         assert vision_capability(page, VLM) in (None, True)
@@ -321,15 +309,15 @@ def test_an_image_attached_in_open_webuis_browser_ui_reaches_the_model_and_the_a
         elsewhere = external_requests(driver)
     assert user_images, "the user's message in the page shows no picture"
     assert not elsewhere, elsewhere
-    exchange = image_exchange(recording[1])
-    chats = chat_requests_with_tasks(recording[1], TASKS_TIMEOUT_S)  # the title, tags and follow-ups, too
+    exchange = image_exchange(stack.log)
+    chats = chat_requests_with_tasks(stack.log, TASKS_TIMEOUT_S)  # the title, tags and follow-ups, too
     assert all(e["status"] == 200 for e in chats), [(e["status"], e["response"]) for e in chats]
     body, chunks = exchange["body"], streamed_chunks(exchange)
     streamed = streamed_text(exchange)
     assert streamed.strip() and words(shown) == words(streamed), (shown, streamed)
     # It streamed into the page: the message showed a part of the answer before the whole of it.
     assert partial and all(begins(streamed, text) for text in partial), partial
-    with_image, text_only = prompt_tokens(gateway, body), prompt_tokens(gateway, without_images(body))
+    with_image, text_only = prompt_tokens(stack.gateway, body), prompt_tokens(stack.gateway, without_images(body))
     assert with_image == text_only + IMAGE_TOKENS, (with_image, text_only)
     print("\n" + json.dumps({
         **timings, "chunks": len(chunks), "streamed": streamed, "shown": shown,
@@ -342,13 +330,13 @@ def test_an_image_attached_in_open_webuis_browser_ui_reaches_the_model_and_the_a
 
 
 def test_a_thinking_models_thought_shows_in_open_webuis_page_apart_from_its_answer(
-    open_webui: str, recording: tuple[str, Path], tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     """Issue 36: on SmolLM2 under a thinking Qwen3 template (the generation prompt opens `<think>`), the page shows
     the thinking as Open WebUI's collapsed "Thought for ..." block and the answer as the message, no tag in it."""
     with chromium("1280,900", args=OFFLINE_ARGS) as driver:
         page = Page(driver, tmp_path)
-        enter(page, open_webui)
+        enter(page, stack.url)
         select_model(page, THINKING)
         function_calling_legacy(page)
         box = page.one("#chat-input", "the chat box")
@@ -360,7 +348,7 @@ def test_a_thinking_models_thought_shows_in_open_webuis_page_apart_from_its_answ
         driver.save_screenshot(str(tmp_path / "open-webui-thinking.png"))
         if keep := os.environ.get("VOLTGATE_OPENWEBUI_THINKING_SCREENSHOT"):
             shutil.copyfile(tmp_path / "open-webui-thinking.png", keep)
-    (exchange,) = [e for e in chat_requests(recording[1]) if e["body"]["model"] == THINKING and e["body"]["stream"]
+    (exchange,) = [e for e in chat_requests(stack.log) if e["body"]["model"] == THINKING and e["body"]["stream"]
                    and e["body"]["messages"][-1]["content"] == THINKING_PROMPT]  # fmt: skip
     assert exchange["status"] == 200 and exchange["body"]["stream"] is True
     deltas = [choice.get("delta", {}) for chunk in streamed_chunks_of(exchange) for choice in chunk["choices"]]

@@ -14,24 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-from tests.e2e.conftest import Gateway
-from tests.e2e.openwebui_stack import (
-    VENV,
-    chat_requests_with_tasks,
-    image_parts,
-    open_webui_binary,
-    open_webui_server,
-    recording_proxy,
-    vlm_gateway,
-)
+from tests.e2e.openwebui_stack import Stack, chat_requests_with_tasks, drive, image_parts, openwebui_stack, vlm_gateway
 from tests.e2e.test_vision import RED, VLM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.openwebui]
@@ -41,52 +30,28 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.openwebui]
 # (on) for the text message, as the committed recording was made.
 TOOLS = os.environ.get("VOLTGATE_OPENWEBUI_TOOLS", "off off").split()
 TASKS_TIMEOUT_S = 120
-ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))
 
 
 @pytest.fixture(scope="module")
-def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    open_webui_binary()
-    with vlm_gateway(smollm2_path, tmp_path_factory.mktemp("owui-gateway")) as gw:
-        yield gw
-
-
-@pytest.fixture(scope="module")
-def recording(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The logging proxy in front of the gateway: its URL and its JSONL log."""
-    out = Path(os.environ.get("VOLTGATE_OPENWEBUI_RECORD") or tmp_path_factory.mktemp("owui-rec") / "rec.jsonl")
-    with recording_proxy(gateway, out) as url:
-        yield url, out
-
-
-@pytest.fixture(scope="module")
-def open_webui(recording: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with open_webui_server(recording[0], tmp_path_factory.mktemp("owui-data")) as url:
-        yield url
-
-
-def _drive(url: str, image: Path) -> dict[str, Any]:
-    python = VENV / "bin" / "python"
-    argv = [str(python), "-m", "tests.clients.openwebui_browser", "--url", url, "--model", VLM, "--image", str(image),
-            "--tools", *TOOLS, "--timeout", str(ANSWER_TIMEOUT_S)]  # fmt: skip
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=4 * ANSWER_TIMEOUT_S, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+def stack(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    record = os.environ.get("VOLTGATE_OPENWEBUI_RECORD")
+    gateway = partial(vlm_gateway, smollm2_path)
+    with openwebui_stack(gateway, tmp_path_factory, "owui", record=Path(record) if record else None) as running:
+        yield running
 
 
 def test_an_image_attached_in_open_webui_reaches_the_model_and_the_answer_streams_back(
-    open_webui: str, recording: tuple[str, Path], gateway: Gateway, tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     image = tmp_path / "red.png"
     image.write_bytes(RED)
-    result = _drive(open_webui, image)
+    result = drive(stack.url, VLM, image=image, tools=TOOLS)
     print("\n" + json.dumps({k: v for k, v in result.items()}, indent=1)[:3000])
     for turn in ("image_turn", "text_turn"):
         assert result[turn]["done"] and not result[turn]["errors"], result[turn]
         assert result[turn]["delta_events"] >= 2  # streamed: the gateway's chunks, one event each
         assert result[turn]["output"], result[turn]  # and the finished message holds the answer
-    chats = chat_requests_with_tasks(recording[1], TASKS_TIMEOUT_S)
+    chats = chat_requests_with_tasks(stack.log, TASKS_TIMEOUT_S)
     with_image = [e for e in chats if image_parts(e["body"])]
     assert with_image, [e["body"].get("messages") for e in chats]
     assert all(e["status"] == 200 for e in chats), [(e["status"], e["response"]) for e in chats if e["status"] != 200]

@@ -11,72 +11,41 @@ what the gateway sent it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-from tests.e2e.conftest import Gateway
 from tests.e2e.openwebui_stack import (
     THINKING,
-    VENV,
+    Stack,
     chat_requests,
-    open_webui_binary,
-    open_webui_server,
-    recording_proxy,
+    drive,
+    openwebui_stack,
     streamed_text,
     thinking_gateway,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.openwebui]
 
-ANSWER_TIMEOUT_S = float(os.environ.get("VOLTGATE_OPENWEBUI_ANSWER_TIMEOUT_S", "240"))
 TAGS = ("<think>", "</think>")
 PROMPT = "Explain in two sentences why the sky is blue."  # the driver's TEXT_PROMPT (runs under Open WebUI's Python)
 
 
 @pytest.fixture(scope="module")
-def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    open_webui_binary()
-    with thinking_gateway(smollm2_path, tmp_path_factory.mktemp("owui-thinking")) as gw:
-        yield gw
-
-
-@pytest.fixture(scope="module")
-def recording(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    out = tmp_path_factory.mktemp("owui-thinking-rec") / "rec.jsonl"
-    with recording_proxy(gateway, out) as url:
-        yield url, out
-
-
-@pytest.fixture(scope="module")
-def open_webui(recording: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with open_webui_server(recording[0], tmp_path_factory.mktemp("owui-thinking-data")) as url:
-        yield url
-
-
-def _drive(url: str) -> dict[str, Any]:
-    argv = [str(VENV / "bin" / "python"), "-m", "tests.clients.openwebui_browser", "--url", url, "--model", THINKING,
-            "--tools", "off", "off", "--timeout", str(ANSWER_TIMEOUT_S)]  # fmt: skip
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=4 * ANSWER_TIMEOUT_S, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+def stack(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with openwebui_stack(partial(thinking_gateway, smollm2_path), tmp_path_factory, "owui-thinking") as running:
+        yield running
 
 
 def _text(item: dict[str, Any]) -> str:
     return "".join(part.get("text") or "" for part in item.get("content") or [])
 
 
-def test_open_webui_shows_the_thinking_as_its_reasoning_block_and_the_answer_apart(
-    open_webui: str, recording: tuple[str, Path]
-) -> None:
-    result = _drive(open_webui)
+def test_open_webui_shows_the_thinking_as_its_reasoning_block_and_the_answer_apart(stack: Stack) -> None:
+    result = drive(stack.url, THINKING)
     turn = result["text_turn"]
     assert turn["done"] and not turn["errors"], turn
     output = turn["output"] or result["stored_output"] or []
@@ -96,7 +65,7 @@ def test_open_webui_shows_the_thinking_as_its_reasoning_block_and_the_answer_apa
 
     (chat,) = [
         e
-        for e in chat_requests(recording[1])
+        for e in chat_requests(stack.log)
         if e["body"]["model"] == THINKING and e["body"]["stream"] and e["body"]["messages"][-1]["content"] == PROMPT
     ]  # the message (not its title and tags tasks)
     assert chat["status"] == 200
