@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import subprocess
 import time
@@ -225,6 +226,7 @@ def uptime() -> str:
 
 def readme(result: dict[str, Any]) -> str:
     meta, cfg, total = result["meta"], result["config"], result["overall"]
+    env = "PYTHONPATH=$PWD " if cfg.get("pythonpath") == meta["cwd"] else ""
     verdict = "met" if total["under_bar"] else "missed" if total["under_bar"] is not None else "not measured"
     if any(status != 200 for status in total["heavy_status"]):  # a refused grammar leaves the stream alone
         verdict = f"not measured (the heavy request answered {total['heavy_status']})"
@@ -236,7 +238,7 @@ Issue 35, item 1's bar: beside the heavy request, no inter-chunk gap of the stre
 Command (commit `{meta["git"]["commit"]}`{", dirty tree" if meta["git"]["dirty"] else ""}):
 
 ```
-{meta["command"]}
+{env}{meta["command"]}
 ```
 
 Our llama.cpp worker on the embedded SmolLM2-135M-Instruct Q4_1, started directly (no gateway): {cfg["slots"]}
@@ -278,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     schema = enum_schema(args.values)
     config = {"values": args.values, "grammar_bytes": grammar_bytes(schema), "slots": SLOTS, "ctx": CTX,
-              "n_threads": args.n_threads, "reps": args.reps}  # fmt: skip
+              "n_threads": args.n_threads, "reps": args.reps, "pythonpath": os.environ.get("PYTHONPATH")}  # fmt: skip
     meta = provenance.collect()
     before = uptime()
     worker = launch.start_worker("enum_stall_worker", args.model or launch.default_model_path(), model_name=MODEL,
