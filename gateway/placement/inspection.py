@@ -7,7 +7,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,15 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import ModelFormat
 from gateway.config import ConfigError, GGUFSource, HFSource, ModelSource, RemoteSource
+from gateway.placement.tallies import HFTally, tally_gguf
 from gateway.placement.vision import VisionTower, vision_tower
 
-_HF_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
-_HF_EMBEDDING = re.compile(r"(?:embed_tokens|wte|word_embeddings)\.weight$")
-_HF_VISION = re.compile(r"^(?:model\.)?(?:visual|vision_model|vision_tower|mlp1|multi_modal_projector)\.")
 """A vision-language checkpoint's image encoder and projector: Qwen2-VL's `visual.*` (`model.visual.*` in
 transformers 5's layout), InternVL's `vision_model.*` + `mlp1.*`, transformers' `vision_tower.*` +
 `multi_modal_projector.*`."""
-_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
 _GGUF_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
 _FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 _RAW_DTYPES = {"I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1}
@@ -111,7 +107,8 @@ class SourceInfo(_Frozen):
     weights_bytes: int = Field(description="all tensors; float HF tensors counted as float16")
     layer_bytes: tuple[int, ...] = Field(description="per transformer block")
     layer_expert_bytes: tuple[int, ...] = Field(
-        default=(), description="a GGUF MoE: the routed experts' share of each block (`*_exps` tensors); () if none"
+        default=(),
+        description="a MoE: each block's routed experts (GGUF `*_exps`, HF `.experts.`); () if none",
     )
     embedding_bytes: int = Field(description="token embedding (llama.cpp keeps it in host memory)")
     output_bytes: int = Field(description="everything else: output head, final norm")
@@ -183,10 +180,32 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
     elif declared in ("awq", "gptq") and (quant_config is None or quant_config.method != declared):
         raise InspectionError(f"{path}: declared {declared} but config.json has no {declared} quantization_config")
 
-    layers = [0] * shape.n_layers
-    embedding = other = n_params = weights = file_bytes = vision = 0
+    tally = _tally_hf(path, shape.n_layers, quant_config)
+    torch_dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "") or None
+    return SourceInfo(
+        path=path,
+        format=fmt,
+        shape=shape,
+        weights_bytes=tally.weights,
+        layer_bytes=tuple(tally.layers),
+        layer_expert_bytes=tuple(tally.experts) if any(tally.experts) else (),
+        embedding_bytes=tally.embedding,
+        output_bytes=tally.other,
+        n_params=tally.n_params,
+        file_bytes=tally.file_bytes,
+        torch_dtype=torch_dtype,
+        quant=fmt if fmt in ("awq", "gptq") else None,
+        quant_config=quant_config,
+        vision=vision_tower(config, path, tally.vision) if isinstance(config.get("vision_config"), dict) else None,
+        warnings=tuple(warnings),
+    )
+
+
+def _tally_hf(path: Path, n_layers: int, quant_config: QuantConfig | None) -> HFTally:
+    """Every shard's tensors, from their headers."""
+    tally = HFTally(layers=[0] * n_layers, experts=[0] * n_layers)
     for shard in _safetensors_files(path):
-        file_bytes += shard.stat().st_size
+        tally.file_bytes += shard.stat().st_size
         for name, dtype, shape_ in _safetensors_header(shard):
             numel = 1
             for dim in shape_:
@@ -197,35 +216,11 @@ def inspect_hf_dir(path: Path, declared: Literal["hf", "awq", "gptq"] = "hf") ->
                 nbytes = numel * _RAW_DTYPES[dtype]
             else:
                 raise InspectionError(f"{shard}: tensor {name} has unsupported dtype {dtype}")
-            weights += nbytes
+            tally.weights += nbytes
             # packed int32 AWQ/GPTQ tensors hold 32/bits weights per element
-            n_params += numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
-            match = _HF_LAYER.search(name)
-            if _HF_VISION.match(name):
-                vision += nbytes  # its `blocks.N` are the encoder's, not the text model's
-            elif match and int(match.group(1)) < shape.n_layers:
-                layers[int(match.group(1))] += nbytes
-            elif _HF_EMBEDDING.search(name):
-                embedding += nbytes
-            else:
-                other += nbytes
-    torch_dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "") or None
-    return SourceInfo(
-        path=path,
-        format=fmt,
-        shape=shape,
-        weights_bytes=weights,
-        layer_bytes=tuple(layers),
-        embedding_bytes=embedding,
-        output_bytes=other,
-        n_params=n_params,
-        file_bytes=file_bytes,
-        torch_dtype=torch_dtype,
-        quant=fmt if fmt in ("awq", "gptq") else None,
-        quant_config=quant_config,
-        vision=vision_tower(config, path, vision) if isinstance(config.get("vision_config"), dict) else None,
-        warnings=tuple(warnings),
-    )
+            tally.n_params += numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
+            tally.add(name, nbytes)
+    return tally
 
 
 def _hf_shape(config: dict[str, Any], text: dict[str, Any], path: Path) -> ModelShape:
@@ -326,43 +321,6 @@ def inspect_gguf(path: Path) -> SourceInfo:
 BF16_GGUF_WARNING = "BF16 GGUF: V100 has no BF16 arithmetic; an F16 or Q8_0 GGUF runs better"
 
 
-@dataclass
-class _GGUFTally:
-    """A GGUF's tensor bytes by where llama.cpp puts them: per block, token embedding, everything else."""
-
-    layers: list[int]
-    experts: list[int]
-    embedding: int = 0
-    other: int = 0
-    n_params: int = 0
-    weights: int = 0
-    has_output: bool = False
-    by_type: Counter[str] = field(default_factory=Counter)
-
-
-def _tally(readers: list[Any], n_layers: int) -> _GGUFTally:
-    """Sum the tensors of every file of a (possibly split) GGUF."""
-    tally = _GGUFTally(layers=[0] * n_layers, experts=[0] * n_layers)
-    for reader in readers:
-        for t in reader.tensors:
-            nbytes = int(t.n_bytes)
-            tally.weights += nbytes
-            tally.n_params += int(t.n_elements)
-            if len(t.shape) >= 2:
-                tally.by_type[t.tensor_type.name] += nbytes
-            match = _GGUF_LAYER.match(t.name)
-            if match and int(match.group(1)) < n_layers:
-                tally.layers[int(match.group(1))] += nbytes
-                if "_exps" in t.name:  # ffn_{up,down,gate,gate_up}_exps: the routed experts, not the shared
-                    tally.experts[int(match.group(1))] += nbytes
-            elif t.name == "token_embd.weight":
-                tally.embedding += nbytes
-            else:
-                tally.other += nbytes
-                tally.has_output = tally.has_output or t.name == "output.weight"
-    return tally
-
-
 @functools.lru_cache(maxsize=64)
 def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) -> SourceInfo:
     files = [Path(name) for name, _, _ in identity]
@@ -390,7 +348,7 @@ def _inspect_gguf_files(path: Path, identity: tuple[tuple[str, int, int], ...]) 
     head_dim = int(field(f"{arch}.attention.key_length", int(hidden) // n_heads))
     ffn = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length", 4 * int(hidden))
     tokens = meta.fields.get("tokenizer.ggml.tokens")
-    tally = _tally(readers, int(n_layers))
+    tally = tally_gguf(readers, int(n_layers))
     label = _gguf_label(field("general.file_type"), tally.by_type)
     warnings = [BF16_GGUF_WARNING] if label == "BF16" else []
     return SourceInfo(

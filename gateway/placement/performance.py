@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from backends.base import DeploymentPlan, EngineName
 from gateway.config import SpeedMetric
 from gateway.placement.estimate import LLAMACPP_KV_ELEMENT_BYTES, experts_on_host, kv_element_bytes
-from gateway.placement.inspection import SourceInfo
+from gateway.placement.inspection import ModelShape, SourceInfo
 from gateway.placement.interconnect import MEASURED_NVLINK, Link, allreduce_step_s, interconnect_of, link_for
 from gateway.placement.inventory import GPU
 
@@ -223,6 +223,12 @@ class PredictionInputs(BaseModel):
             parts.append(
                 f"a step reads {w.gpu_weight_bytes / 1e9:.2f} GB of weights"
                 + (f" per GPU (tp {w.tp})" if w.tp > 1 else "")
+                + (
+                    f" (of them {w.gpu_expert_bytes / 1e9:.2f} GB routed experts, {w.expert_share:.3g} of them per "
+                    "token, the union over a step's tokens)"
+                    if w.gpu_expert_bytes
+                    else ""
+                )
                 + f" + {w.gpu_kv_bytes_per_token / 2**10:,.0f} KiB of KV per session token"
             )
         if w.tp > 1:
@@ -403,6 +409,11 @@ def _llamacpp_step(quant: str | None) -> tuple[StepCost, float | None]:
     return STEP_COSTS["llamacpp-quant"], QUANT_PREFILL_CEILING_FLOPS["quant"]
 
 
+def _expert_share(shape: ModelShape) -> float:
+    """The share of a MoE's routed experts one token reads (active / all)."""
+    return shape.n_experts_used / shape.n_experts if shape.n_experts else 1.0
+
+
 def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int = 8) -> Workload:
     """What one decode step of `plan` reads and computes. The token embedding is a lookup (one row read),
     unless it doubles as the output head; llama.cpp splits layers over several GPUs in sequence, so their
@@ -415,9 +426,11 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         kv_token = shape.kv_bytes_per_token(kv_element_bytes(plan.quant_policy, shape.head_dim)) / plan.tp
         step = STEP_COSTS["turbomind"]
         params = read * params_per_byte
+        routed = sum(source.layer_expert_bytes) / plan.tp  # a MoE's step reads the experts its tokens route to
         return Workload(
-            "turbomind", step, shape.n_layers, read, kv_token, params, tp=plan.tp, hidden_size=shape.hidden_size
-        )
+            "turbomind", step, shape.n_layers, read, kv_token, params, tp=plan.tp, hidden_size=shape.hidden_size,
+            gpu_expert_bytes=routed, expert_share=_expert_share(shape) if routed else 1.0,
+        )  # fmt: skip
     n = shape.n_layers
     full = plan.n_gpu_layers < 0 or plan.n_gpu_layers > n
     first = 0 if full else n - plan.n_gpu_layers
@@ -442,7 +455,7 @@ def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int 
         prefill_ceiling_flops=ceiling,
         gpu_expert_bytes=sum(experts[first:]) - kept if gpu_read else 0,
         host_expert_bytes=sum(experts[:first]) + kept,
-        expert_share=shape.n_experts_used / shape.n_experts if shape.n_experts and any(experts) else 1.0,
+        expert_share=_expert_share(shape) if any(experts) else 1.0,
         gpu_state_bytes_per_session=shape.recurrent_state_bytes * sum(1 for b in kv[first:] if b == 0)
         if gpu_read
         else 0,

@@ -68,6 +68,14 @@ def test_awq_checkpoint(tmp_path: Path) -> None:
     assert 4.0 < info.bits_per_weight < 4.3
 
 
+def test_an_hf_moe_counts_each_blocks_routed_experts_and_a_dense_model_none(tmp_path: Path) -> None:
+    info = inspect_hf_dir(write_hf_model(tmp_path / "moe", MIXTRAL_8X7B, shards=3))
+    per_block = 8 * 3 * 14336 * 4096 * 2  # 8 experts x (w1, w2, w3) in FP16; the router is not an expert
+    assert info.layer_expert_bytes == (per_block,) * 32
+    assert all(layer > experts for layer, experts in zip(info.layer_bytes, info.layer_expert_bytes, strict=True))
+    assert inspect_hf_dir(write_hf_model(tmp_path / "dense", LLAMA2_7B)).layer_expert_bytes == ()
+
+
 def test_awq_declared_as_hf_is_treated_as_awq_with_a_warning(tmp_path: Path) -> None:
     info = inspect_hf_dir(write_hf_model(tmp_path / "m", MIXTRAL_8X7B, quant=AWQ_GEMM), "hf")
     assert info.format == "awq"

@@ -22,7 +22,7 @@ from gateway.placement.performance import (
     step_seconds,
     workload_for,
 )
-from tests.unit.placement_models import LLAMA2_7B, write_gguf, write_hf_model
+from tests.unit.placement_models import LLAMA2_7B, MIXTRAL_8X7B, write_gguf, write_hf_model
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "2026-11-29-gpu-h200"
 H200, V100 = gpu_spec("NVIDIA H200"), gpu_spec("Tesla V100-SXM2-32GB")
@@ -253,3 +253,19 @@ def test_an_unknown_gpu_is_predicted_as_a_v100_and_says_so() -> None:
     spec = gpu_spec("Quantum Accelerator 9000")
     assert not spec.known and "predicted as a V100 SXM2" in spec.name
     assert isinstance(spec, GPUSpec) and spec.bandwidth_bytes_s == 900e9
+
+
+def test_a_turbomind_moe_step_reads_the_experts_its_tokens_route_to(tmp_path: Path) -> None:
+    """Mixtral FP16 on TurboMind: a token reads 2 of 8 experts, so one stream decodes faster than the same
+    bytes read whole; a step of 32 tokens reads nearly every expert, so the gain is gone there."""
+    moe = inspect_hf_dir(write_hf_model(tmp_path / "mixtral", MIXTRAL_8X7B))
+    plan = plan_for(moe, tp=2, gpu_indices=(0, 1))
+    routed, whole = workload_for(plan, moe), workload_for(plan, moe.model_copy(update={"layer_expert_bytes": ()}))
+    assert routed.expert_share == 0.25 and whole.expert_share == 1.0
+    assert routed.gpu_expert_bytes == sum(moe.layer_expert_bytes) / 2
+    one, one_whole = (predict(w, V100, context=512, sessions=1, capacity=1).decode_tok_s_1 for w in (routed, whole))
+    assert one > 2 * one_whole
+    many, many_whole = (
+        predict(w, V100, context=512, sessions=32, capacity=32).aggregate_tok_s for w in (routed, whole)
+    )
+    assert many == pytest.approx(many_whole, rel=0.01)  # 32 tokens miss an expert with p = 0.75^32: all are read
