@@ -29,6 +29,8 @@
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
 #                                bench.loadgen at 16/32/64 streams through the gateway), into out/<date>-replicas-tm
+#   moe:tm                       issue 39: a random-weight Qwen3-MoE (bench/gpu/make_moe_hf.py) on TurboMind, the plan's
+#                                sizing and speed against the run (predict_vs_measure, 32 GB), into out/<date>-tm-moe
 # ONE_BUILD=1: one CUDA build instead of two (about half the build's device time): llama-server's, whose
 # libllama/libggml/libmtmd the worker's llama-cpp-python then loads (LLAMA_CPP_LIB_PATH, MTMD_CPP_LIB): both sides
 # run the very same llama.cpp binaries.
@@ -182,6 +184,17 @@ step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the pl
   release
 }
 
+step_moe_tm() {  # issue 39: a random-weight Qwen3-MoE on TurboMind, the plan's sizing and speed against the run
+  local out=$S/out/$(date -u +%F)-tm-moe
+  mkdir -p "$out"
+  [[ -f $G/models/qwen3moe/made ]] || { python3 -m bench.gpu.make_moe_hf "$G/models/qwen3moe" > "$out/make_moe_hf.log" 2>&1 \
+    && touch "$G/models/qwen3moe/made"; }
+  tail -1 "$out/make_moe_hf.log"
+  python3 -m bench.gpu.predict_vs_measure run --scenarios bench/gpu/configs/pvm-scenarios.yaml --only tm-qwen3moe-32gb \
+    --gpus auto --out-dir "$out" --hold-script .gpu/hold_memory.py --python python3 --commit "${VG_COMMIT:-unknown}" 2>&1 | tail -30
+  stamp "moe tm exit $?"
+}
+
 step_replicas_tm() {  # issue 38: two replicas vs one worker, the same memory (a V100-32GB's), one H200's compute
   local out=$S/out/$(date -u +%F)-replicas-tm i=0
   mkdir -p "$out"
@@ -220,6 +233,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     sessions:*) step_sessions "${step#sessions:}" ;;
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
+    moe:tm) step_moe_tm ;;
     *) stamp "unknown step $step" ;;
   esac
   [[ -f $G/env.sh ]] && source "$G/env.sh"
