@@ -18,7 +18,7 @@ import argparse
 import importlib.util
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +103,12 @@ def write_tokenizer(out: Path) -> None:
     module.write_tokenizer(str(out), VOCAB)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--sparse", action="store_true", help="headers only, no data, no tokenizer")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps(config(args.layers), indent=1) + "\n")
     (args.out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}) + "\n")
