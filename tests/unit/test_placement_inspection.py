@@ -18,6 +18,7 @@ from tests.unit.placement_models import (
     QWEN2_0_5B,
     write_gguf,
     write_hf_model,
+    write_safetensors,
 )
 
 MIB = 1 << 20
@@ -74,6 +75,24 @@ def test_an_hf_moe_counts_each_blocks_routed_experts_and_a_dense_model_none(tmp_
     assert info.layer_expert_bytes == (per_block,) * 32
     assert all(layer > experts for layer, experts in zip(info.layer_bytes, info.layer_expert_bytes, strict=True))
     assert inspect_hf_dir(write_hf_model(tmp_path / "dense", LLAMA2_7B)).layer_expert_bytes == ()
+
+
+def test_a_shared_expert_is_not_a_routed_one(tmp_path: Path) -> None:
+    """Qwen2-MoE's blocks hold a shared expert (`mlp.shared_expert.*`, read by every token) beside the routed
+    ones (`mlp.experts.N.*`): only the routed count as experts a token may skip."""
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 64,
+              "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1, "vocab_size": 100,
+              "num_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    p = "model.layers.0.mlp"
+    tensors = [(f"{p}.experts.{e}.{w}_proj.weight", "F16", (32, 64)) for e in range(4) for w in ("gate", "up", "down")]
+    tensors += [(f"{p}.shared_expert.{w}_proj.weight", "F16", (128, 64)) for w in ("gate", "up", "down")]
+    tensors += [(f"{p}.gate.weight", "F16", (4, 64)), (f"{p}.shared_expert_gate.weight", "F16", (1, 64))]
+    write_safetensors(tmp_path / "model.safetensors", [*tensors, ("model.embed_tokens.weight", "F16", (100, 64))])
+    info = inspect_hf_dir(tmp_path)
+    assert info.layer_expert_bytes == (4 * 3 * 32 * 64 * 2,)
+    assert info.layer_bytes == (4 * 3 * 32 * 64 * 2 + 3 * 128 * 64 * 2 + 4 * 64 * 2 + 64 * 2,)
 
 
 def test_awq_declared_as_hf_is_treated_as_awq_with_a_warning(tmp_path: Path) -> None:
