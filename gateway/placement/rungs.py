@@ -28,6 +28,11 @@ from gateway.placement.tool_parsers import reasoning_parser_for, tool_parser_for
 from gateway.placement.vision import TURBOMIND_VISION, vision_activation_bytes
 
 TM_FP16 = "turbomind-fp16"
+TM_MOE_UNVERIFIED = (
+    "a mixture of experts on TurboMind is unverified: LMDeploy 0.18 found no grouped FP16 GEMM for a Qwen3-MoE's "
+    "experts on the GPU machine (an H100), and no V100 was tried; if its worker fails to start, give the model a "
+    "GGUF source and `engine: llamacpp` (docs/placement.md)"
+)
 TM_TP = "turbomind-fp16-tp"
 TM_W4A16 = "turbomind-w4a16"
 LC_GPU = "llamacpp-gpu"
@@ -262,6 +267,8 @@ def _tm_placed(
 ) -> Placed:
     spec = work.spec
     dtype, warnings = _dtype(source, [work.gpus[i] for i in gpus])
+    if source.layer_expert_bytes and source.format == "hf":  # AWQ/GPTQ experts have TurboMind's int4 kernels
+        warnings = [*warnings, TM_MOE_UNVERIFIED]
     plan = DeploymentPlan(
         model=spec.name,
         engine=EngineName.LMDEPLOY,

@@ -21,7 +21,8 @@ from gateway.placement.inspection import inspect_gguf
 from gateway.placement.inventory import inventory_from_spec
 from gateway.placement.performance import workload_for
 from gateway.placement.report import PlacementReport
-from tests.unit.placement_models import build_zoo
+from gateway.placement.rungs import TM_FP16, TM_MOE_UNVERIFIED
+from tests.unit.placement_models import LLAMA2_7B, MIXTRAL_8X7B, build_zoo, write_hf_model
 from tests.unit.test_placement_policy import assert_not_overcommitted
 
 GGUF = "qwen3-30b-a3b.Q4_K_M.gguf"
@@ -105,3 +106,17 @@ def test_a_dense_model_never_gets_the_rung(zoo: Path) -> None:
     decision = plan_models(config, inventory_from_spec("v100-16gb")).decision("big")
     assert decision.rung == "llamacpp-partial"
     assert not any(r.rung == LC_EXPERTS for r in decision.rejected)  # not even tried
+
+
+@pytest.mark.parametrize(("config", "warned"), [({**MIXTRAL_8X7B, "num_hidden_layers": 8}, True), (LLAMA2_7B, False)])
+def test_a_fp16_moe_on_turbomind_is_planned_with_a_warning(
+    tmp_path: Path, config: dict[str, object], warned: bool
+) -> None:
+    """Its grouped FP16 GEMM is unverified (LMDeploy 0.18 refused it on the GPU machine's H100): the plan says so,
+    and how to serve it otherwise; a dense model gets no such warning."""
+    write_hf_model(tmp_path / "m", config)
+    entry = {"name": "m", "sources": [{"hf": "m"}], "context": 4096, "concurrency": 2}
+    config_ = Config.model_validate({"gpus": "v100-32gb", "models": [entry], "base_dir": tmp_path})
+    decision = plan_models(config_, inventory_from_spec("v100-32gb")).decision("m")
+    assert decision.rung == TM_FP16
+    assert (TM_MOE_UNVERIFIED in decision.warnings) is warned
