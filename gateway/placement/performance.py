@@ -410,8 +410,8 @@ def _llamacpp_step(quant: str | None) -> tuple[StepCost, float | None]:
 
 
 def _expert_share(shape: ModelShape) -> float:
-    """The share of a MoE's routed experts one token reads (active / all)."""
-    return shape.n_experts_used / shape.n_experts if shape.n_experts else 1.0
+    """The share of a MoE's routed experts one token reads (active / all; all where the config does not say)."""
+    return shape.n_experts_used / shape.n_experts if shape.n_experts and shape.n_experts_used else 1.0
 
 
 def workload_for(plan: DeploymentPlan, source: SourceInfo, *, host_threads: int = 8) -> Workload:
