@@ -216,10 +216,10 @@ def _tally_hf(path: Path, n_layers: int, quant_config: QuantConfig | None) -> HF
                 nbytes = numel * _RAW_DTYPES[dtype]
             else:
                 raise InspectionError(f"{shard}: tensor {name} has unsupported dtype {dtype}")
-            tally.weights += nbytes
             # packed int32 AWQ/GPTQ tensors hold 32/bits weights per element
-            tally.n_params += numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
-            tally.add(name, nbytes)
+            tally.add(
+                name, nbytes, numel * (32 // (quant_config.bits or 4)) if dtype == "I32" and quant_config else numel
+            )
     return tally
 
 

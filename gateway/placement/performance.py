@@ -224,8 +224,8 @@ class PredictionInputs(BaseModel):
                 f"a step reads {w.gpu_weight_bytes / 1e9:.2f} GB of weights"
                 + (f" per GPU (tp {w.tp})" if w.tp > 1 else "")
                 + (
-                    f" (of them {w.gpu_expert_bytes / 1e9:.2f} GB routed experts, {w.expert_share:.3g} of them per "
-                    "token, the union over a step's tokens)"
+                    f" ({w.gpu_expert_bytes / 1e9:.2f} GB of it routed experts: a token reads {w.expert_share:.3g} "
+                    "of them, a step the union over its tokens)"
                     if w.gpu_expert_bytes
                     else ""
                 )

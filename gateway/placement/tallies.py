@@ -28,8 +28,10 @@ class HFTally:
     weights: int = 0
     file_bytes: int = 0
 
-    def add(self, name: str, nbytes: int) -> None:
-        """Count one tensor where it belongs (its weights and params are the caller's)."""
+    def add(self, name: str, nbytes: int, params: int) -> None:
+        """Count one tensor (`nbytes` as loaded, `params` weights) where it belongs."""
+        self.weights += nbytes
+        self.n_params += params
         match = _HF_LAYER.search(name)
         if _HF_VISION.match(name):
             self.vision += nbytes  # its `blocks.N` are the encoder's, not the text model's
