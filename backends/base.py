@@ -58,6 +58,13 @@ class LlamaCppOptions(_Frozen):
         "kept per slot near each prompt's end so a later prompt sharing most of it is not prefilled whole "
         "(worker --ctx-checkpoints, llama-server's --ctx-checkpoints); 0 = off; default the worker's (4)",
     )
+    grammar_step_limit_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="the longest one token of a large grammar (a response_format schema or tools over 32 KiB of "
+        "GBNF) may take to sample; over it the request is refused with a 400 and the same grammar again at "
+        "once (worker --grammar-step-limit-s); default the worker's (10 s)",
+    )
     cache_type: Literal["bf16", "f16"] | None = Field(
         default=None,
         description="the 16-bit KV cache type (worker --cache-type); default: the worker's (bf16 on the CPU, so "

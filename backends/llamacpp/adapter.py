@@ -65,6 +65,8 @@ class LlamaCppAdapter:
             argv += ["--prompt-cache-mib", str(opts.prompt_cache_mib)]
         if opts.ctx_checkpoints is not None and plan.task == "generate":
             argv += ["--ctx-checkpoints", str(opts.ctx_checkpoints)]
+        if opts.grammar_step_limit_s is not None and plan.task == "generate":
+            argv += ["--grammar-step-limit-s", f"{opts.grammar_step_limit_s:g}"]
         if not opts.flash_attn:
             argv.append("--no-flash-attn")
         if plan.kv_cache_type != "f16":  # f16 stays the worker's "auto" (bf16 on the CPU for batch-invariance)

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.llamacpp.worker.native import ContextOptions, Model, Sampler
+from backends.llamacpp.worker.native import ContextOptions, Model
 from backends.llamacpp.worker.reasoning import NO_REASONING, ReasoningSyntax, Start, after_thinking
+from backends.llamacpp.worker.sampler import Sampler
 from backends.llamacpp.worker.sampling import SamplingParams
 from backends.llamacpp.worker.tools.formats import HARMONY, HERMES, ToolFormat
 from tests.integration.test_tool_formats import CLOCK, WEATHER
@@ -41,7 +42,7 @@ def sampler(model: Model, fmt: ToolFormat, syntax: ReasoningSyntax, start: Start
     tools = [WEATHER, CLOCK]
     grammar, triggers = fmt.lazy_grammar(tools, False) if lazy else (fmt.grammar(tools, parallel=False), ())
     grammar, triggers = after_thinking(grammar, triggers, syntax, start)
-    return model.new_sampler(SamplingParams(temperature=0, grammar=grammar, grammar_triggers=triggers))
+    return Sampler(model, SamplingParams(temperature=0, grammar=grammar, grammar_triggers=triggers))
 
 
 def allowed(model: Model, chain: Sampler, token: int) -> bool:
@@ -72,7 +73,7 @@ def test_a_call_tag_written_inside_the_thinking_does_not_start_the_grammar(model
 def test_the_unwrapped_trigger_would_have_fired_inside_the_thinking(model: Model) -> None:
     tools = [WEATHER, CLOCK]
     grammar, triggers = HERMES.lazy_grammar(tools, False)
-    chain = model.new_sampler(SamplingParams(temperature=0, grammar=grammar, grammar_triggers=triggers))
+    chain = Sampler(model, SamplingParams(temperature=0, grammar=grammar, grammar_triggers=triggers))
     assert follows(model, chain, "<think>\nI could write <tool_call>")
     assert not free(model, chain)  # the test above can fail: without the wrapping the grammar holds it
 

@@ -7,6 +7,7 @@ tokens `Sampler.sample` picks from the context."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import json
 import random
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from backends.llamacpp.worker.slow_lane import HEAVY_GRAMMAR_BYTES
@@ -118,12 +120,13 @@ def test_a_grammar_past_the_bound_is_a_400_naming_response_format(smollm2_path: 
 
 def test_sample_row_picks_what_sample_picks(smollm2_path: Path) -> None:
     from backends.llamacpp.worker.native import Batch, ContextOptions, Model
+    from backends.llamacpp.worker.sampler import Sampler
     from backends.llamacpp.worker.sampling import SamplingParams
 
     model = Model(smollm2_path, ContextOptions(n_ctx_per_seq=512, n_seq_max=1, n_threads=2, cache_type="bf16"))
     try:
         params = SamplingParams(temperature=0.9, top_p=0.9, seed=7, grammar=schema_grammar(enum_schema(50)))
-        on_context, on_copy = model.new_sampler(params), model.new_sampler(params)
+        on_context, on_copy = Sampler(model, params), Sampler(model, params)
         batch = Batch(64)
         tokens = model.tokenize("Pick one value:", add_special=True)
         batch.add_run(tokens, 0, 0, logits=True)
@@ -142,3 +145,87 @@ def test_sample_row_picks_what_sample_picks(smollm2_path: Path) -> None:
     finally:
         model.close()
     assert len(set(picked)) > 1
+
+
+def test_a_grammar_over_the_time_bound_is_a_400_and_the_same_grammar_is_refused_before_any_work(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    with running(smollm2_path, tmp_path, "--grammar-step-limit-s", "0.000001") as worker:
+        first = httpx.post(f"{worker.url}/v1/chat/completions", json=heavy_body(), timeout=120)
+        after_first = worker.health()
+        again = httpx.post(f"{worker.url}/v1/chat/completions", json=heavy_body(), timeout=120)
+        after_again = worker.health()
+        light = httpx.post(
+            f"{worker.url}/v1/chat/completions",
+            json={**heavy_body(), "response_format": {"type": "json_object"}, "max_tokens": 8},
+            timeout=120,
+        )
+    assert first.status_code == 400, first.text
+    error = first.json()["error"]
+    assert error["type"] == "invalid_request_error" and "over this worker's limit of 1e-06 s" in error["message"]
+    assert "grammar_step_limit_s" in error["message"] and "fewer enum values" in error["message"]
+    # Refused at admission: no prompt token of it was decoded.
+    assert again.status_code == 400, again.text
+    assert again.json()["error"]["message"].startswith("the request's grammar")
+    assert after_again["prefill_tokens_total"] == after_first["prefill_tokens_total"], (after_first, after_again)
+    assert light.status_code == 200, light.text  # a small grammar samples on the step: no bound applies
+
+
+def test_a_greedy_grammar_checked_after_the_pick_picks_what_the_grammar_first_chain_picks(smollm2_path: Path) -> None:
+    """`Sampler` checks the chain's pick against the grammar and masks only when it is refused; greedy, the
+    tokens must be those of llama.cpp's grammar-first chain (the grammar masks every candidate, then argmax)."""
+    from backends.llamacpp.worker.native import ContextOptions, Model, lib
+    from backends.llamacpp.worker.sampler import Sampler
+    from backends.llamacpp.worker.sampling import SamplingParams
+
+    model = Model(smollm2_path, ContextOptions(n_ctx_per_seq=512, n_seq_max=1, n_threads=2, cache_type="bf16"))
+    grammar = schema_grammar(enum_schema(50))
+    checked_after = Sampler(model, SamplingParams(temperature=0, grammar=grammar))
+    first = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    lib.llama_sampler_chain_add(first, lib.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root"))
+    lib.llama_sampler_chain_add(first, lib.llama_sampler_init_greedy())
+    rng = np.random.default_rng(3)
+    masked = 0
+    try:
+        for step in range(24):
+            logits = rng.normal(size=model.n_vocab).astype(np.float32)
+            if step % 2:  # every other step the best token is one the grammar allows (no masking needed)
+                logits[grammar_first_best(model, first, logits)] += 100.0
+            expected = pick_grammar_first(first, logits)
+            got = checked_after.sample_row(logits)
+            assert got == expected, (step, got, expected)
+            masked += int(np.argmax(logits)) != got
+    finally:
+        checked_after.close()
+        lib.llama_sampler_free(first)
+        model.close()
+    assert masked >= 6  # both paths taken: the pick refused (masked) and the pick allowed
+
+
+def pick_grammar_first(chain: Any, logits: np.ndarray[Any, Any]) -> int:
+    from backends.llamacpp.worker.native import lib
+
+    data = (lib.llama_token_data * len(logits))()
+    for i, logit in enumerate(logits.tolist()):
+        data[i].id, data[i].logit, data[i].p = i, logit, 0.0
+    array = lib.llama_token_data_array(data, len(logits), -1, False)
+    lib.llama_sampler_apply(chain, ctypes.byref(array))
+    token = int(array.data[array.selected].id)
+    lib.llama_sampler_accept(chain, token)
+    return token
+
+
+def grammar_first_best(model: Any, chain: Any, logits: np.ndarray[Any, Any]) -> int:
+    """The token the grammar-first chain would pick now, without accepting it (a clone of the chain decides)."""
+    from backends.llamacpp.worker.native import lib
+
+    clone = lib.llama_sampler_clone(chain)
+    try:
+        data = (lib.llama_token_data * len(logits))()
+        for i, logit in enumerate(logits.tolist()):
+            data[i].id, data[i].logit, data[i].p = i, logit, 0.0
+        array = lib.llama_token_data_array(data, len(logits), -1, False)
+        lib.llama_sampler_apply(clone, ctypes.byref(array))
+        return int(array.data[array.selected].id)
+    finally:
+        lib.llama_sampler_free(clone)

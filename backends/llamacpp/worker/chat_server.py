@@ -36,6 +36,7 @@ from backends.llamacpp.worker.prompt_cache import PromptCache, SavePolicy
 from backends.llamacpp.worker.prompts import Prepared, PromptBuilder, PromptError
 from backends.llamacpp.worker.reasoning import ReasoningStream
 from backends.llamacpp.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
+from backends.llamacpp.worker.slow_lane import DEFAULT_GRAMMAR_STEP_LIMIT_S
 from backends.llamacpp.worker.text import ChatTemplateError
 from backends.llamacpp.worker.tickets import GenerationRequest, ImageSpan, Ticket
 from backends.llamacpp.worker.vision import VisionError, VisionProjector
@@ -62,6 +63,8 @@ class WorkerSpec:
     """Which slot states are worth that copy (`prompt_cache.SavePolicy`)."""
     ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS
     """Context checkpoints per slot, for a recurrent or hybrid model only (`checkpoints`); 0 = off."""
+    grammar_step_limit_s: float = DEFAULT_GRAMMAR_STEP_LIMIT_S
+    """The longest one token of a heavy grammar may take (`slow_lane`)."""
     mmproj: Path | None = None
     """The multimodal projector GGUF: with one, requests may carry images."""
 
@@ -96,6 +99,7 @@ class _Engine:
             prompt_cache=PromptCache(spec.prompt_cache_mib * 2**20),
             save_policy=spec.save_policy,
             ctx_checkpoints=spec.ctx_checkpoints,
+            grammar_step_limit_s=spec.grammar_step_limit_s,
         )
         self.scheduler.start()
 

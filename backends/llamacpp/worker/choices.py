@@ -57,6 +57,8 @@ class Choice:
 def failure(event: Failed) -> WorkerError:
     if event.retryable:
         return WorkerError(ErrorCode.WORKER_UNAVAILABLE, event.message)
+    if event.invalid:
+        return WorkerError(ErrorCode.INVALID_REQUEST, event.message)
     return WorkerError(ErrorCode.INTERNAL_ERROR, event.message)
 
 

@@ -33,6 +33,7 @@ from backends.llamacpp.worker.prompt_cache import (
     LONG_PROMPT_TOKENS_GPU,
     SavePolicy,
 )
+from backends.llamacpp.worker.slow_lane import DEFAULT_GRAMMAR_STEP_LIMIT_S
 
 log = logging.getLogger("voltgate.worker")
 
@@ -153,6 +154,13 @@ def _cache_args(p: argparse.ArgumentParser) -> None:
         "near the end of each prompt, so a later prompt that shares most of it is not prefilled whole (like "
         "llama-server's --ctx-checkpoints); 0 = off",
     )
+    p.add_argument(
+        "--grammar-step-limit-s",
+        type=float,
+        default=DEFAULT_GRAMMAR_STEP_LIMIT_S,
+        help="a large grammar (over 32 KiB of GBNF, sampled off the engine step) that takes longer than this to "
+        "give one token is refused with a 400, and the same grammar again at once",
+    )
 
 
 def _task_args(p: argparse.ArgumentParser) -> None:
@@ -209,6 +217,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         prompt_cache_mib=args.prompt_cache_mib,
         save_policy=SavePolicy(_long_prompt_tokens(args)),
         ctx_checkpoints=args.ctx_checkpoints,
+        grammar_step_limit_s=args.grammar_step_limit_s,
         mmproj=args.mmproj,
     )
 

@@ -1,4 +1,4 @@
-"""The only module that touches llama.cpp's ctypes API: model/context, batches, samplers, KV memory.
+"""The module that touches llama.cpp's ctypes API (`sampler` uses its `lib`): model/context, batches, KV memory.
 
 Everything here is blocking native code. Apart from `Model.tokenize`/`Model.piece` (read-only use of the
 vocabulary), call it only from the engine thread.
@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.llamacpp import cpu_features
-from backends.llamacpp.worker.sampling import PENALTY_LAST_N, SamplingParams, logit_biases
 
 # The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
 # untyped here and keep every call in this module.
@@ -36,6 +35,8 @@ _CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
 
 class NativeError(Exception):
     """llama.cpp refused to load, decode or sample."""
+
+    client_error = False  # True where the request asked for what cannot be served (a 400, not a 500)
 
 
 @dataclass(frozen=True)
@@ -327,9 +328,6 @@ class Model:
             self._logits_views[key] = rows
         return rows
 
-    def new_sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(self, params)
-
     @property
     def context(self) -> Any:
         return self._ctx
@@ -403,97 +401,3 @@ class Batch:
         if logits:
             self.n_outputs += 1
         return j - 1
-
-
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
-
-
-class Sampler:
-    """One sequence's llama.cpp sampler chain; it owns its RNG, grammar and penalty state."""
-
-    def __init__(self, model: Model, params: SamplingParams) -> None:
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        self._chain = chain
-        self._keep: list[Any] = []
-        biases = logit_biases(params, model.eog_ids)
-        if biases:
-            outside = [token for token in biases if not 0 <= token < model.n_vocab]
-            if outside:
-                self.close()
-                raise NativeError(f"logit_bias names token {outside[0]}, outside the vocabulary of {model.n_vocab}")
-            entries = (lib.llama_logit_bias * len(biases))()
-            for i, (token, bias) in enumerate(sorted(biases.items())):
-                entries[i].token = token
-                entries[i].bias = bias
-            self._keep.append(entries)
-            self._add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(biases), entries))
-        if params.grammar is not None:
-            grammar = self._grammar(model, params)
-            if not grammar:
-                self.close()
-                raise NativeError("invalid grammar")
-            self._add(grammar)
-        if params.penalized:
-            self._add(
-                lib.llama_sampler_init_penalties(
-                    model.n_vocab,
-                    PENALTY_LAST_N,
-                    params.repetition_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
-            )
-        if params.greedy:
-            self._add(lib.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            self._add(lib.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            self._add(lib.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            self._add(lib.llama_sampler_init_min_p(params.min_p, 1))
-        self._add(lib.llama_sampler_init_temp(params.temperature))
-        self._add(lib.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
-
-    def _grammar(self, model: Model, params: SamplingParams) -> Any:
-        text = (params.grammar or "").encode()
-        if not params.grammar_triggers:
-            return lib.llama_sampler_init_grammar(model.vocab, text, b"root")
-        patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(p.encode() for p in params.grammar_triggers))
-        self._keep.append(patterns)
-        return lib.llama_sampler_init_grammar_lazy_patterns(
-            model.vocab, text, b"root", patterns, len(params.grammar_triggers), None, 0
-        )
-
-    def _add(self, sampler: Any) -> None:
-        lib.llama_sampler_chain_add(self._chain, sampler)
-
-    def sample(self, model: Model, index: int) -> int:
-        """Pick (and accept) the next token from the logits at batch `index` of the last decode."""
-        return int(lib.llama_sampler_sample(self._chain, model.context, index))
-
-    def sample_row(self, logits: npt.NDArray[np.float32]) -> int:
-        """What `sample` does (apply the chain, take its selected token, accept it), on a copy of one logits
-        row: no context is read, so it may run on another thread while the engine decodes (`slow_lane`)."""
-        n = int(logits.shape[0])
-        data = np.empty(n, dtype=_TOKEN_DATA)
-        data["id"] = np.arange(n, dtype=np.int32)
-        data["logit"] = logits
-        data["p"] = 0.0
-        pointer = data.ctypes.data_as(ctypes.POINTER(lib.llama_token_data))
-        candidates = lib.llama_token_data_array(pointer, n, -1, False)
-        lib.llama_sampler_apply(self._chain, ctypes.byref(candidates))
-        if not 0 <= candidates.selected < candidates.size:
-            raise NativeError("the sampler chain selected no token")
-        token = int(candidates.data[candidates.selected].id)
-        lib.llama_sampler_accept(self._chain, token)
-        return token
-
-    def accept(self, token: int) -> None:
-        """Advance the chain's state (grammar, penalties) by a token it did not pick (a forced one)."""
-        lib.llama_sampler_accept(self._chain, token)
-
-    def close(self) -> None:
-        if self._chain is not None:
-            lib.llama_sampler_free(self._chain)
-            self._chain = None

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from backends.llamacpp.worker.logprobs import LogprobAsk, step_logprobs
-from backends.llamacpp.worker.native import Model, Sampler
+from backends.llamacpp.worker.native import Model
+from backends.llamacpp.worker.sampler import Sampler
 from backends.llamacpp.worker.sampling import greedy_token
 from backends.llamacpp.worker.tickets import TokenLogprob
 

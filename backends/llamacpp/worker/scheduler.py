@@ -45,10 +45,10 @@ from backends.llamacpp.worker.image_step import ImageEvaluator, eval_images
 from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache, SavePolicy
+from backends.llamacpp.worker.sampler import Sampler
 from backends.llamacpp.worker.slots import Origin, Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
-from backends.llamacpp.worker.slow_lane import SlowLane, is_heavy
+from backends.llamacpp.worker.slow_lane import DEFAULT_GRAMMAR_STEP_LIMIT_S, SlowLane, is_heavy
 from backends.llamacpp.worker.tickets import (
-    Event,
     Failed,
     Finished,
     FinishReason,
@@ -57,7 +57,6 @@ from backends.llamacpp.worker.tickets import (
     QueueFullError,
     SchedulerClosedError,
     Started,
-    TextDelta,
     Ticket,
     TokenLogprob,
     Usage,
@@ -66,8 +65,7 @@ from backends.llamacpp.worker.waiting import WaitingQueue
 
 log = logging.getLogger("voltgate.worker")
 
-__all__ = ["Event", "Failed", "Finished", "GenerationRequest", "QueueFullError", "Scheduler", "SchedulerClosedError",
-           "SchedulerStats", "TextDelta", "Ticket", "Usage"]  # fmt: skip
+__all__ = ["QueueFullError", "Scheduler", "SchedulerClosedError", "SchedulerStats"]
 
 
 class Scheduler:
@@ -98,6 +96,7 @@ class Scheduler:
         prompt_cache: PromptCache | None = None,
         save_policy: SavePolicy | None = None,
         ctx_checkpoints: int = 0,
+        grammar_step_limit_s: float = DEFAULT_GRAMMAR_STEP_LIMIT_S,
     ) -> None:
         if slots > n_batch:
             raise ValueError(f"slots ({slots}) must not exceed n_batch ({n_batch})")
@@ -117,7 +116,7 @@ class Scheduler:
         self._batch = Batch(n_batch)
         self._outbox = Outbox()
         self._picker = TokenPicker(model, min(sampling_threads, slots))
-        self._slow = SlowLane(model, self._wake)  # heavy grammars sample off the step (`slow_lane`)
+        self._slow = SlowLane(model, self._wake, grammar_step_limit_s)  # heavy grammars sample off the step
         self._cond = threading.Condition()
         # guarded by _cond
         self._waiting = WaitingQueue()
@@ -239,7 +238,7 @@ class Scheduler:
                 if seq.sampler is not None:
                     seq.sampler.close()
             elif done.error is not None:
-                self._release(seq, Failed(f"sampling failed: {done.error}"), aborted=False)
+                self._release(seq, done.failure(), aborted=False)
             else:
                 self._on_token(seq, done.token, done.entry)
 
@@ -266,12 +265,13 @@ class Scheduler:
         sampling = ticket.request.sampling
         heavy = is_heavy(sampling)  # its sampler is built and run by the slow lane
         try:
-            sampler = None if sampling.plain_greedy or heavy else self._model.new_sampler(sampling)
+            self._slow.check(sampling)  # a heavy grammar over the time bound before: refused at once
+            sampler = None if sampling.plain_greedy or heavy else Sampler(self._model, sampling)
         except NativeError as exc:
             slot.busy = False
             with self._cond:
                 self._free_slots += 1
-            self._outbox.put(ticket, Failed(str(exc)))
+            self._outbox.put(ticket, Failed(str(exc), invalid=exc.client_error))
             return
         seq = SeqState(ticket, slot, sampler, self._model, group=group, cached_tokens=reuse)
         seq.slow = heavy

@@ -15,7 +15,8 @@ from backends.llamacpp.worker.text import StopMatcher, Utf8Stream
 from backends.llamacpp.worker.tickets import TextDelta, Ticket, TokenLogprob, Usage
 
 if TYPE_CHECKING:  # the slot logic runs without llama.cpp loaded (its unit tests stay native-free)
-    from backends.llamacpp.worker.native import Model, Sampler
+    from backends.llamacpp.worker.native import Model
+    from backends.llamacpp.worker.sampler import Sampler
 
 # A cached prefix shorter than this does not outweigh keeping busy slots contiguous (a BOS token or a
 # chat template's first few tokens are shared by nearly every prompt).

@@ -174,6 +174,7 @@ class Finished:
 class Failed:
     message: str
     retryable: bool = False  # True when the worker is shutting down, not when the request broke it
+    invalid: bool = False  # True when the request asked for what cannot be served (a 400): a grammar too slow
 
 
 Event = Started | TextDelta | Finished | Failed
