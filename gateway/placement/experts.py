@@ -75,10 +75,12 @@ def _fewest_blocks(
 
 def try_llamacpp_offload(work: ModelWork, budgets: dict[int, int], context: int, slots: int) -> Placed | list[Miss]:
     """The policy's offload rung: layer-wise offload and, for a MoE whose split the config does not pin
-    (`llamacpp.n_cpu_moe`), experts in host memory; of both that place, the faster prediction (aggregate
-    tok/s at the planned sessions), the other named among the options passed over."""
+    (`llamacpp.n_cpu_moe`, or `n_gpu_layers`: a layer count asks for layer-wise offload), experts in host
+    memory; of both that place, the faster prediction (aggregate tok/s at the planned sessions), the other
+    named among the options passed over."""
     layers = try_llamacpp_partial(work, budgets, context, slots)
-    if work.spec.llamacpp.n_cpu_moe or not any(s.layer_expert_bytes for s in work.ggufs):
+    pinned = work.spec.llamacpp.n_cpu_moe or work.spec.llamacpp.n_gpu_layers is not None
+    if pinned or not any(s.layer_expert_bytes for s in work.ggufs):
         return layers
     experts = try_llamacpp_experts(work, budgets, context, slots)
     if not isinstance(experts, Placed):

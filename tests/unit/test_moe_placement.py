@@ -100,6 +100,13 @@ def test_a_pinned_split_is_honoured_and_counted(zoo: Path) -> None:
     assert sum(decision.estimate.gpu_bytes.values()) < sum(whole.estimate.gpu_bytes.values())
 
 
+def test_a_pinned_layer_count_is_layer_offload_not_experts_in_host_memory(zoo: Path) -> None:
+    decision = plan(zoo, "v100-16gb", llamacpp={"n_gpu_layers": 30}).decision("qwen3-moe")
+    assert decision.rung == "llamacpp-partial" and decision.plan is not None, decision
+    assert (decision.plan.n_gpu_layers, decision.plan.n_cpu_moe) == (30, 0)
+    assert not any(r.rung == LC_EXPERTS for r in decision.rejected)  # the pin asked for layers: not compared
+
+
 def test_a_dense_model_never_gets_the_rung(zoo: Path) -> None:
     config = Config.model_validate({"gpus": "v100-16gb", "models": [{"name": "big", "sources": [
         {"gguf": "llama2-70b.Q4_K_M.gguf"}]}], "base_dir": zoo})  # fmt: skip
