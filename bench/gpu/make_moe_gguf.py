@@ -2,13 +2,19 @@
 
 Qwen3-30B-A3B's layout (`qwen3moe`: 48 blocks, hidden 2048, 32 query / 4 KV heads of 128, 128 routed experts of
 width 768, 8 active), every matrix Q4_0 (random 4-bit values, fp16 scales of 0.004: speed depends on shapes and
-types, not values), norms and routers F32, ~16.6 GB. Its tokenizer is copied from another GGUF (the 7B model's
-SentencePiece vocabulary on the GPU machine), so the vocabulary is 32,000 instead of Qwen's 151,936: the
-embedding and output head are smaller, the blocks are the real ones. One tile of random blocks is written for
+types, not values), norms and routers F32, ~16.6 GB. Its tokenizer is copied from another GGUF (run_regress.sh's
+`moegguf` step: `.gpu/tokenizer.gguf`, the embedded SmolLM2's 49,152 tokens; its `gguf` step: the 7B's 32,000),
+so the vocabulary is smaller than Qwen's 151,936: the embedding and output head are smaller, the blocks are the
+real ones. One tile of random blocks is written for
 every tensor of a shape, so building takes the time of writing the file. The tokenizer is copied by the tiny
 fixtures' helper (`tests/fixtures/tiny_gguf.py`), so run it from the repository root.
 
     python3 -m bench.gpu.make_moe_gguf TOKENIZER.gguf OUT.gguf
+    python3 -m bench.gpu.make_moe_gguf --tokenizer-only SOURCE.gguf OUT.gguf
+
+`--tokenizer-only` writes a GGUF of SOURCE's `tokenizer.*` keys and no tensors (a few MB):
+`prepare_regress_pack.sh` makes `.gpu/tokenizer.gguf` from the embedded SmolLM2 so that the GPU machine can
+write the MoE while llama.cpp builds, without waiting for the 7B's GGUF.
 """
 
 from __future__ import annotations
@@ -81,5 +87,18 @@ def write(tokenizer_from: Path, path: Path) -> Path:
     return path
 
 
+def write_tokenizer(source: Path, path: Path) -> Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    copy_tokenizer(source, writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 if __name__ == "__main__":
-    print(write(Path(sys.argv[1]), Path(sys.argv[2])))
+    if sys.argv[1] == "--tokenizer-only":
+        print(write_tokenizer(Path(sys.argv[2]), Path(sys.argv[3])))
+    else:
+        print(write(Path(sys.argv[1]), Path(sys.argv[2])))

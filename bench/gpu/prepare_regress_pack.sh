@@ -7,6 +7,9 @@
 #                    llama.cpp as vendored by llama-cpp-python 0.3.36, with tools/server, tools/mtmd and tools/ui's
 #                    CMake files kept (prepare_pack.sh strips tools/), so run_regress.sh can build `llama-server`
 #                    for sm_90: the reference the worker is held to, the same llama.cpp commit the worker runs
+#   .gpu/tokenizer.gguf
+#                    the embedded SmolLM2's tokenizer alone (bench/gpu/make_moe_gguf.py --tokenizer-only): the MoE
+#                    GGUF's vocabulary, so run_regress.sh's `moegguf` step needs no other GGUF and runs beside the build
 #   .gpu/extra/      the gateway's runtime wheels for the image's Python 3.12, at this venv's versions (not openai:
 #                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/)
 # `.gpu/` is git-ignored (.gitignore); a device call carries it with `carry: [".gpu"]`.
@@ -43,4 +46,6 @@ rm -rf "$V/tools/ui/src" "$V/tools/ui/tests" "$V/tools/ui/static" "$V/tools/ui/p
 printf 'add_subdirectory(mtmd)\nif (LLAMA_BUILD_SERVER)\n    add_subdirectory(ui)\n    add_subdirectory(server)\nendif()\n' > "$V/tools/CMakeLists.txt"
 DEST=$PWD/.gpu/pack/llama_server_src.tar.xz
 (cd "$(dirname "$V")" && XZ_OPT="-6 -T0" tar -cJf "$DEST" llama.cpp)
+"$PY" -m bench.gpu.make_moe_gguf --tokenizer-only "$("$PY" -c 'from bench.launch import default_model_path as p; print(p())')" \
+  .gpu/tokenizer.gguf
 ls -la .gpu/pack; du -sh .gpu

@@ -19,6 +19,9 @@
 #            to a V100's per pair with .gpu/hold_memory.py), then `done`
 # STEPS (default "setup model gguf server bench") picks and orders the detached run's steps:
 #   setup, model, gguf, server   the three parts above (gguf: the GGUF files; server: wait for llama-server's build)
+#   moegguf                      the MoE GGUF alone, its vocabulary from .gpu/tokenizer.gguf: it needs no build, so
+#                                put it before `gguf` to write its 16.6 GB while llama.cpp compiles
+#   pvm:S1,S2                    bench.gpu.predict_vs_measure --only S1 S2 (pvm-scenarios.yaml), into out/<date>-pvm-S1
 #   bench                        bench.gpu.regress with REGRESS_ARGS, into out/<date>-gpu-regress
 #   bench:P1,P2                  bench.gpu.regress --only P1 P2, into out/<date>-gpu-regress-P1
 #   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
@@ -125,6 +128,22 @@ step_gguf() {
       && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"; tail -2 "$S/make_moe.log"
   fi
   ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
+}
+
+step_moegguf() {  # issue 39's MoE, written while the build runs (its tokenizer: .gpu/tokenizer.gguf)
+  [[ -f $G/gguf/moe-q4_0.gguf ]] && return
+  mkdir -p "$G/gguf"
+  python3 -m bench.gpu.make_moe_gguf .gpu/tokenizer.gguf "$G/gguf/moe-q4_0.gguf.tmp" > "$S/make_moe.log" 2>&1 \
+    && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"
+  tail -2 "$S/make_moe.log"; ls -la "$G/gguf"
+}
+
+step_pvm() {  # $1: scenario names, comma-separated: the plan's prediction against `voltgate serve`
+  local names=$1 out=$S/out/$(date -u +%F)-pvm-${1%%,*}
+  mkdir -p "$out"
+  python3 -m bench.gpu.predict_vs_measure run --scenarios bench/gpu/configs/pvm-scenarios.yaml --only ${names//,/ } \
+    --gpus auto --out-dir "$out" --hold-script .gpu/hold_memory.py --python python3 --commit "${VG_COMMIT:-unknown}" 2>&1 | tail -30
+  stamp "pvm $names exit $?"
 }
 
 step_server() {
@@ -234,6 +253,8 @@ for step in ${STEPS:-setup model gguf server bench}; do
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
+    moegguf) step_moegguf ;;
+    pvm:*) step_pvm "${step#pvm:}" ;;
     *) stamp "unknown step $step" ;;
   esac
   [[ -f $G/env.sh ]] && source "$G/env.sh"
