@@ -21,6 +21,8 @@
 #   setup, model, gguf, server   the three parts above (gguf: the GGUF files; server: wait for llama-server's build)
 #   moegguf                      the MoE GGUF alone, its vocabulary from .gpu/tokenizer.gguf: it needs no build, so
 #                                put it before `gguf` to write its 16.6 GB while llama.cpp compiles
+#   moediag                      our worker on the MoE GGUF, all layers then 36 on the GPU (no hold): 8 greedy tokens with
+#                                their logprobs printed (what the model gives on CUDA: text, or empty/special tokens)
 #   pvm:S1,S2                    bench.gpu.predict_vs_measure --only S1 S2 (pvm-scenarios.yaml), into out/<date>-pvm-S1
 #   bench                        bench.gpu.regress with REGRESS_ARGS, into out/<date>-gpu-regress
 #   bench:P1,P2                  bench.gpu.regress --only P1 P2, into out/<date>-gpu-regress-P1
@@ -136,6 +138,20 @@ step_moegguf() {  # issue 39's MoE, written while the build runs (its tokenizer:
   python3 -m bench.gpu.make_moe_gguf .gpu/tokenizer.gguf "$G/gguf/moe-q4_0.gguf.tmp" > "$S/make_moe.log" 2>&1 \
     && mv "$G/gguf/moe-q4_0.gguf.tmp" "$G/gguf/moe-q4_0.gguf"
   tail -2 "$S/make_moe.log"; ls -la "$G/gguf"
+}
+
+step_moediag() {  # what our worker's CUDA run of the random MoE answers (an empty-text answer failed the warm-up once)
+  local ngl port=8093 pid
+  for ngl in -1 36; do
+    python3 -m backends.llamacpp.worker --model "$G/gguf/moe-q4_0.gguf" --model-name moe --host 127.0.0.1 --port $port \
+      --ctx 512 --slots 1 --n-gpu-layers $ngl > "$S/moediag-$ngl.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 120); do curl -sf http://127.0.0.1:$port/health > /dev/null && break; kill -0 $pid || break; sleep 1; done
+    curl -s -m 60 http://127.0.0.1:$port/v1/completions -H 'content-type: application/json' \
+      -d '{"model":"moe","prompt":"Hello there, how are","max_tokens":8,"ignore_eos":true,"temperature":0,"logprobs":1}'
+    echo; stamp "moediag ngl $ngl"; tail -2 "$S/moediag-$ngl.log"
+    kill $pid; wait $pid 2> /dev/null
+  done
 }
 
 step_pvm() {  # $1: scenario names, comma-separated: the plan's prediction against `voltgate serve`
@@ -254,6 +270,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
     moegguf) step_moegguf ;;
+    moediag) step_moediag ;;
     pvm:*) step_pvm "${step#pvm:}" ;;
     *) stamp "unknown step $step" ;;
   esac

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,10 +157,15 @@ def expert_overrides(n_cpu_moe: int) -> ctypes.Array[_BuftOverride] | None:
 
 
 def _ggml_cpu() -> ctypes.CDLL:
-    """llama-cpp-python's own libggml-cpu (the CPU backend libllama was built with), already loaded by it."""
-    found = sorted((Path(_llama_cpp.__file__).parent / "lib").glob("libggml-cpu*.so*"))
+    """The libggml-cpu libllama was loaded with (the CPU backend it was built with): from `LLAMA_CPP_LIB_PATH`
+    when set (llama-cpp-python then loads every library from there: a build of one's own), else the package's."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    folder = Path(override) if override else Path(_llama_cpp.__file__).parent / "lib"
+    found = sorted(folder.glob("libggml-cpu*.so*"))
     if not found:
-        raise NativeError("llama-cpp-python ships no libggml-cpu: experts cannot be kept in host memory")
+        raise NativeError(
+            f"no libggml-cpu in {folder} (the llama.cpp libraries loaded): experts cannot be kept in host memory"
+        )
     return ctypes.CDLL(str(found[0]))
 
 
