@@ -11,7 +11,9 @@ it up and runs this detached), each pair is measured A, B, B, A, every phase a f
 - `plan-16gb`: the 16 GB plan for 8 x 4,096 sessions through the gateway vs llama-server started with the
   plan's own choice (model file, slots, context, KV type, layers), at 1/8 streams (16 GB);
 - `moe-experts`: a random-weight Qwen3-30B-A3B-shape MoE (Q4_0), the routed experts of 16 of 48 blocks in host
-  memory: our worker (`--n-cpu-moe 16`) vs `llama-server --n-cpu-moe 16`, 8 slots, at 1/8 streams (16 GB).
+  memory: our worker (`--n-cpu-moe 16`) vs `llama-server --n-cpu-moe 16`, 8 slots, at 1/8 streams (16 GB);
+  `moe-experts-threads` and `moe-experts-repack`, the same with both on the physical cores (and the worker with
+  llama.cpp's CPU weight repacking): what each of the two differences of 2026-12-06's 0.76x explains.
 
 Load: `bench.loadgen` closed loop on `/v1/completions`, 256 tokens out (`ignore_eos`), prompts of 72-296 words
 (about 128-524 tokens with the synthetic tokenizer). `--smoke` runs the same machinery on this CPU with the
@@ -38,6 +40,7 @@ from typing import Any
 import psutil
 import yaml
 
+from backends.llamacpp.cpu_features import EXTRA_BUFTS_ENV
 from bench import provenance
 from bench.gpu.regress_table import (
     LevelMeasure,
@@ -153,12 +156,13 @@ def _served(
 
 
 def start_worker_direct(
-    model: Path, name: str, *, slots: int, ctx: int, gpu: bool, threads: int | None, n_cpu_moe: int = 0
-) -> Starter:
+    model: Path, name: str, *, slots: int, ctx: int, gpu: bool, threads: int | None, n_cpu_moe: int = 0,
+    env: dict[str, str] | None = None,
+) -> Starter:  # fmt: skip
     def start(log_dir: Path) -> Served:
         argv = worker_argv(model, name, free_port(), slots=slots, ctx=ctx, gpu=gpu, threads=threads,
                            n_cpu_moe=n_cpu_moe)  # fmt: skip
-        return _served("worker", argv, log_dir, "/health", name)
+        return _served("worker", argv, log_dir, "/health", name, env)
 
     return start
 
@@ -228,7 +232,9 @@ def gpu_pairs(load: LoadSpec, llama_server: str | None) -> list[Pair]:
                                      gpus="auto")  # fmt: skip
     if llama_server:
         plan.b = start_llama_server(lambda: list(plan.captured["argv"]), "llama2-7b", llama_server)
-    pairs += [tm, plan, _moe_pair(load, llama_server)]
+    cores = psutil.cpu_count(logical=False) or None
+    pairs += [tm, plan, _moe_pair(load, llama_server), _moe_pair(load, llama_server, "moe-experts-threads", cores),
+              _moe_pair(load, llama_server, "moe-experts-repack", cores, {EXTRA_BUFTS_ENV: "on"})]  # fmt: skip
     for p in pairs:
         if p.b is None:
             p.b_missing = "not run: no llama-server binary"
@@ -236,16 +242,24 @@ def gpu_pairs(load: LoadSpec, llama_server: str | None) -> list[Pair]:
 
 
 MOE_HOST_BLOCKS = 16
+ONLY_WHEN_NAMED = ("moe-experts-threads", "moe-experts-repack")
 """The `moe-experts` pair's split: the routed experts of 16 of 48 blocks (5.4 GB) in host memory, ~11 GB on the
 GPU held to 16 GB."""
 
 
-def _moe_pair(load: LoadSpec, llama_server: str | None) -> Pair:
+def _moe_pair(
+    load: LoadSpec, llama_server: str | None, name: str = "moe-experts", threads: int | None = None,
+    env: dict[str, str] | None = None,
+) -> Pair:  # fmt: skip
     """Experts in host memory (issue 39): our worker vs `llama-server --n-cpu-moe` at the same split, on the
-    random-weight Qwen3-30B-A3B-shape GGUF (bench/gpu/make_moe_gguf.py), 8 slots of 1,024 tokens, 16 GB."""
+    random-weight Qwen3-30B-A3B-shape GGUF (bench/gpu/make_moe_gguf.py), 8 slots of 1,024 tokens, 16 GB.
+    `moe-experts` runs both as shipped (2026-12-06: 0.76x / 0.85x, the worker on 8 host threads where
+    llama-server took 16, and without CPU weight repacking); `moe-experts-threads` gives both the host's
+    physical cores; `moe-experts-repack` that, and the worker llama.cpp's extra CPU buffer types
+    (`VOLTGATE_LLAMA_EXTRA_BUFTS=on`, which it turns off by default on AMX hosts: llama.cpp #20824)."""
     model = G / "gguf" / "moe-q4_0.gguf"
-    options: dict[str, Any] = {"slots": 8, "ctx": 1024, "gpu": True, "threads": None, "n_cpu_moe": MOE_HOST_BLOCKS}
-    pair = Pair("moe-experts", "worker", start_worker_direct(model, "qwen3-30b-a3b-shape", **options),
+    options: dict[str, Any] = {"slots": 8, "ctx": 1024, "gpu": True, "threads": threads, "n_cpu_moe": MOE_HOST_BLOCKS}
+    pair = Pair(name, "worker", start_worker_direct(model, "qwen3-30b-a3b-shape", **options, env=env),
                 "llama-server", None, (1, 8), load, V100_16GB_MIB)  # fmt: skip
     if llama_server:
         argv = worker_argv(model, "qwen3-30b-a3b-shape", 0, **options)
@@ -358,7 +372,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.regress", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="result folder (commit it under bench/results/)")
     p.add_argument("--smoke", action="store_true", help="this CPU, the embedded SmolLM2 (checks the machinery)")
-    p.add_argument("--only", nargs="+", help="pair names to run, in this order (default: all)")
+    p.add_argument("--only", nargs="+", help="pair names to run, in this order (default: all but the MoE variants)")
     p.add_argument("--llama-server", default=shutil.which("llama-server"), help="binary (default: from PATH)")
     p.add_argument("--hold-script", type=Path, default=REPO / ".gpu" / "hold_memory.py")
     p.add_argument("--output-tokens", type=int, help="default 256 (smoke: 16)")
@@ -382,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:  # in the order named: what matters most runs first on a machine that may be taken back
         by_name = {p.name: p for p in pairs}
         pairs = [by_name[n] for n in args.only if n in by_name]
+    else:  # the MoE pair's diagnostic variants run only when named
+        pairs = [p for p in pairs if p.name not in ONLY_WHEN_NAMED]
     load_requests = args.requests or (4 if args.smoke else None)
     for pair in pairs:
         pair.requests = load_requests
