@@ -21,7 +21,7 @@ import numpy.typing as npt
 from backends.llamacpp import cpu_features
 
 # The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
-# untyped here and keep every call in this module.
+# untyped here and keep every call in this module (and `sampler`, which uses this `lib`).
 lib: Any = _llama_cpp
 
 log = logging.getLogger("voltgate.worker")
