@@ -132,7 +132,7 @@ def predictions(python: str, config: Path, gpus: str, levels: Sequence[int], wor
 
 
 class Held:
-    """hold_memory.py in the background until stopped: a smaller card on the H200."""
+    """hold_memory.py in the background until stopped: a smaller card on the GPU machine's H100 or H200."""
 
     def __init__(self, python: str, script: Path | None, free_mib: int | None, log_path: Path) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -348,7 +348,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         if dep.get("engine") == "llamacpp":
             layers = dep.get("n_gpu_layers")
             plan += f", {'all' if layers is not None and layers < 0 else layers} layers, KV {dep.get('kv_cache_type')}"
-        held = f"{r['hold_free_mib']:,} MiB free (H200)" if r.get("hold_free_mib") else "no hold"
+        card = (r.get("prediction") or {}).get("gpu") or "the GPU"  # the plan's row for the card it saw
+        held = f"{r['hold_free_mib']:,} MiB free ({card})" if r.get("hold_free_mib") else "no hold"
         if not r.get("ok"):
             error = " ".join(r.get("error", "").split())[:200]
             lines.append(f"| {r['name']} | {plan} | {held} | - | FAILED: {error} | | | |")

@@ -413,19 +413,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _write(out: Path, phases: list[Phase], b_status: dict[str, str], mode: str, run: dict[str, Any]) -> int:
     """regress.json and regress.md in `out`, the previous committed run beside; 1 when nothing was measured."""
     rows = build_rows(phases, b_status)
-    previous_path = find_previous(RESULTS, exclude=out, mode=mode)
-    previous = json.loads(previous_path.read_text()) if previous_path else None
-    attach_previous(rows, previous)
-    rel = str(previous_path.relative_to(REPO)) if previous_path else None
-    prev_commit = (previous or {}).get("meta", {}).get("git", {}).get("commit")
-    table = render_markdown(rows, previous_path=rel, previous_commit=prev_commit)
+    beside: dict[Path, list[str]] = {}
+    for pair in dict.fromkeys(r.pair for r in rows):  # each pair beside the newest run that measured it
+        found = find_previous(RESULTS, exclude=out, mode=mode, pair=pair)
+        if found is not None:
+            attach_previous([r for r in rows if r.pair == pair], json.loads(found.read_text()))
+            beside.setdefault(found, []).append(pair)
+    previous = [(", ".join(pairs), str(path.relative_to(REPO)), _commit(path)) for path, pairs in beside.items()]
+    rel = previous[0][1] if previous else None
+    table = render_markdown(rows, previous=previous)
     order = [f"{ph.pair}:{ph.side}" for ph in sorted(phases, key=lambda ph: ph.order)]
     result = {"kind": "gpu-regress", "mode": mode, **run, "order": order, "previous": rel,
+              "previous_by_pair": {pair: p[1] for p in previous for pair in p[0].split(", ")},
               "rows": [r.to_json() for r in rows], "phases": [_phase_json(ph) for ph in phases]}  # fmt: skip
     (out / "regress.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "regress.md").write_text(f"# GPU regression ({mode})\n\n{table}")
     print(table)
     return 0 if phases else 1
+
+
+def _commit(path: Path) -> str | None:
+    return json.loads(path.read_text()).get("meta", {}).get("git", {}).get("commit")
 
 
 def _phase_json(phase: Phase) -> dict[str, Any]:

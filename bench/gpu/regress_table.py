@@ -1,5 +1,6 @@
 """The GPU regression benchmark's table: phases measured in ABBA order → one row per (pair, streams) with
-tok/s, TTFT p50 and the A/B ratios, beside the previous committed run (the newest `bench/results/*/regress.json`).
+tok/s, TTFT p50 and the A/B ratios, beside each pair's previous committed run (the newest `regress.json` under
+`bench/results/` with rows of that pair).
 
 Pure functions over plain data, so `tests/unit/test_regress_table.py` checks them on hand-made inputs.
 """
@@ -110,11 +111,14 @@ def build_rows(phases: Sequence[Phase], b_status: dict[str, str] | None = None) 
     return list(rows.values())
 
 
-def find_previous(results_root: Path, *, exclude: Path | None = None, mode: str | None = None) -> Path | None:
-    """The newest committed `regress.json` under `results_root/*/` (by folder name, which starts with the
-    date, then by the run's own start time), leaving out `exclude` and runs of another `mode`."""
-    found: list[tuple[str, str, Path]] = []
-    for path in results_root.glob("*/regress.json"):
+def find_previous(
+    results_root: Path, *, exclude: Path | None = None, mode: str | None = None, pair: str | None = None
+) -> Path | None:
+    """The newest committed `regress.json` anywhere under `results_root/*/` (by its top folder's name, which
+    starts with the date, then by the run's own start time), leaving out `exclude`, runs of another `mode` and,
+    with `pair`, runs without rows of that pair (a run of other pairs says nothing of this one)."""
+    found: list[tuple[str, str, str, Path]] = []
+    for path in results_root.glob("*/**/regress.json"):
         if exclude is not None and path.parent.resolve() == exclude.resolve():
             continue
         try:
@@ -123,8 +127,11 @@ def find_previous(results_root: Path, *, exclude: Path | None = None, mode: str 
             continue
         if mode is not None and data.get("mode") != mode:
             continue
-        found.append((path.parent.name, str(data.get("meta", {}).get("started_utc", "")), path))
-    return max(found)[2] if found else None
+        if pair is not None and not any(r.get("pair") == pair for r in data.get("rows", [])):
+            continue
+        top = path.relative_to(results_root).parts[0]
+        found.append((top, str(data.get("meta", {}).get("started_utc", "")), str(path), path))
+    return max(found)[3] if found else None
 
 
 def attach_previous(rows: Sequence[Row], previous: dict[str, Any] | None) -> None:
@@ -144,10 +151,14 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def render_markdown(rows: Sequence[Row], *, previous_path: str | None, previous_commit: str | None) -> str:
+Previous = tuple[str, str, str | None]
+"""A previous run beside this one: (the pairs it stands beside, its regress.json, its commit)."""
+
+
+def render_markdown(rows: Sequence[Row], *, previous: Sequence[Previous] = ()) -> str:
     """The one table: A and B tok/s (mean of the ABBA phases), TTFT p50, the ratios, the previous run's."""
-    prev = f"previous run: `{previous_path}` ({previous_commit or 'commit unknown'})" if previous_path else (
-        "previous run: none committed")  # fmt: skip
+    prev = "; ".join(f"`{path}` ({commit or 'commit unknown'}) for {pairs}" for pairs, path, commit in previous)
+    prev = f"previous runs: {prev}" if previous else "previous run: none committed"
     lines = [
         prev,
         "",

@@ -173,7 +173,7 @@ step_server() {
 step_bench() {  # $1: a name for the folder ('' for the default), then bench.gpu.regress's extra arguments
   local name=$1; shift
   python3 -m bench.gpu.regress --out "$S/out/$(date -u +%F)-gpu-regress${name:+-$name}" --hold-script .gpu/hold_memory.py \
-    $([[ -x $SERVER ]] && echo --llama-server "$SERVER") --notes "H200 held to a V100's memory; random-weight Llama-2-7B shape" \
+    $([[ -x $SERVER ]] && echo --llama-server "$SERVER") --notes "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) held to a V100's memory; random-weight models" \
     "$@"
   stamp "bench $name exit $?"
 }
@@ -242,7 +242,7 @@ step_replicas_tm() {  # issue 38: two replicas vs one worker, the same memory (a
     gateway_up "bench/gpu/configs/replicas-tm-1b-$n.yaml" "$out/gateway-$i-r$n.log"
     python3 -m bench.loadgen --base-url http://127.0.0.1:8000/v1 --model tiny --endpoint completions --prompt-tokens 128 \
       --output-tokens 256 --concurrency 16 32 64 --label "replicas-$n" --output "$out/loadgen-$i-r$n.json" \
-      --notes "H200 held to a V100-32GB's memory; random-weight TinyLlama-1.1B shape; $n TurboMind worker(s)" 2>&1 | tail -4
+      --notes "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) held to a V100-32GB's memory; random-weight TinyLlama-1.1B shape; $n TurboMind worker(s)" 2>&1 | tail -4
     curl -s http://127.0.0.1:8000/metrics | grep '^voltgate:replica_picks_total' > "$out/picks-$i-r$n.txt"
     kill -TERM $gw; wait $gw 2> /dev/null
   done

@@ -54,7 +54,7 @@ def test_a_row_without_b_says_why_and_has_no_ratio() -> None:
     (row,) = build_rows(phases, {"smoke": "not run: no llama-server on PATH"})
     assert row.a_tok_s == 7.0 and row.b_tok_s is None
     assert row.tok_s_ratio is None and row.ttft_ratio is None
-    assert "not run: no llama-server on PATH" in render_markdown([row], previous_path=None, previous_commit=None)
+    assert "not run: no llama-server on PATH" in render_markdown([row])
 
 
 def test_a_level_where_nothing_finished_is_left_out_of_the_mean() -> None:
@@ -84,6 +84,19 @@ def test_the_previous_run_is_the_newest_of_the_same_mode_other_than_this_one(tmp
     assert find_previous(tmp_path / "nothing-here", mode="gpu") is None
 
 
+def test_each_pair_stands_beside_the_newest_run_that_measured_it_nested_folders_included(tmp_path: Path) -> None:
+    worker = _write_run(tmp_path / "2026-12-06-regress", "worker-q4", mode="gpu", started="2026-12-06T05:00:00Z",
+                        ratio=1.3)  # fmt: skip
+    other = tmp_path / "2026-12-06-tm-only"  # newer, but of another pair
+    other.mkdir()
+    (other / "regress.json").write_text(json.dumps({"mode": "gpu", "meta": {"started_utc": "2026-12-06T09:00:00Z"},
+                                                    "rows": [{"pair": "turbomind", "streams": 8}]}))  # fmt: skip
+    assert find_previous(tmp_path, mode="gpu", pair="q4") == worker / "regress.json"
+    assert find_previous(tmp_path, mode="gpu", pair="turbomind") == other / "regress.json"
+    assert find_previous(tmp_path, mode="gpu") == other / "regress.json"  # no pair: the newest of any
+    assert find_previous(tmp_path, mode="gpu", pair="moe") is None
+
+
 def test_the_previous_runs_numbers_stand_beside_the_matching_rows() -> None:
     rows = build_rows([_phase("q4", "A", 0, (8, 700.0, 120.0), (16, 900.0, 200.0))])
     attach_previous(rows, {"rows": [{"pair": "q4", "streams": 8, "tok_s_ratio": 0.677, "ttft_ratio": 3.9,
@@ -91,8 +104,8 @@ def test_the_previous_runs_numbers_stand_beside_the_matching_rows() -> None:
     eight, sixteen = rows
     assert (eight.prev_tok_s_ratio, eight.prev_ttft_ratio, eight.prev_a_tok_s) == (0.677, 3.9, 535.6)
     assert sixteen.prev_tok_s_ratio is None
-    table = render_markdown(rows, previous_path="bench/results/x/regress.json", previous_commit="d1cefbb")
-    assert "`bench/results/x/regress.json` (d1cefbb)" in table
+    table = render_markdown(rows, previous=[("q4", "bench/results/x/regress.json", "d1cefbb")])
+    assert "previous runs: `bench/results/x/regress.json` (d1cefbb) for q4" in table
     assert "| q4 | 8 | worker | 700.0 |" in table and "| 0.677 | 3.900 | 535.6 |" in table
 
 
