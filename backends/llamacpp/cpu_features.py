@@ -1,4 +1,5 @@
-"""Which CPU features the host has, which the llama.cpp build uses, and whether its extra buffer types are safe.
+"""Which CPU features the host has, which the llama.cpp build uses (and where it is), and whether its extra
+buffer types are safe.
 
 Pure functions and stdlib only: the worker, the install self-test, `voltgate doctor` and the benchmarks all
 import this module, and none of it loads llama.cpp.
@@ -14,6 +15,7 @@ matrix products on AVX2/AVX-512) stays on.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,21 @@ from typing import Literal
 # What the operator can set: auto (the rule above), on (always use extra buffers), off (never).
 ExtraBufts = Literal["auto", "on", "off"]
 EXTRA_BUFTS_ENV = "VOLTGATE_LLAMA_EXTRA_BUFTS"
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"
+
+
+def llama_lib_dir() -> Path | None:
+    """The folder llama-cpp-python loads libllama and libggml* from: `LLAMA_CPP_LIB_PATH` when set (a build of
+    one's own), else the package's `lib/`; None when llama-cpp-python is not installed."""
+    override = os.environ.get(LIB_PATH_ENV)
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "lib"
+
+
 # Written by the install self-test when the default crashed and the safe variant worked (see selftest.py).
 SAFE_SETTINGS_FILE = "voltgate-llama-safe.json"
 

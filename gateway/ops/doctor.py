@@ -194,7 +194,7 @@ def _decode_selftest(report: Report) -> None:
 
 
 def _cuda_runtime(report: Report, inventory: Inventory) -> None:
-    lib = _llama_lib_dir()
+    lib = cpu_features.llama_lib_dir()
     cuda_lib = next(iter(sorted(lib.glob("libggml-cuda*.so*"))), None) if lib else None
     if cuda_lib is None:
         return
@@ -206,16 +206,6 @@ def _cuda_runtime(report: Report, inventory: Inventory) -> None:
         "cuda runtime (llama.cpp)", ", ".join(names) or "not linked", "fail" if bad else "ok",
         "CUDA 13 dropped Volta: build llama.cpp with CUDA 12.x (up to 12.9)" if bad else "",
     )  # fmt: skip
-
-
-def _llama_lib_dir() -> Path | None:
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")  # llama-cpp-python loads its libraries from here if set
-    if override:
-        return Path(override)
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent / "lib"
 
 
 def _lmdeploy(report: Report, inventory: Inventory) -> None:

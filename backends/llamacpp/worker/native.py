@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,8 +158,7 @@ def expert_overrides(n_cpu_moe: int) -> ctypes.Array[_BuftOverride] | None:
 def _ggml_cpu() -> ctypes.CDLL:
     """The libggml-cpu libllama was loaded with (the CPU backend it was built with): from `LLAMA_CPP_LIB_PATH`
     when set (llama-cpp-python then loads every library from there: a build of one's own), else the package's."""
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    folder = Path(override) if override else Path(_llama_cpp.__file__).parent / "lib"
+    folder = cpu_features.llama_lib_dir() or Path(_llama_cpp.__file__).parent / "lib"
     found = sorted(folder.glob("libggml-cpu*.so*"))
     if not found:
         raise NativeError(
