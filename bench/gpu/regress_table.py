@@ -114,9 +114,10 @@ def build_rows(phases: Sequence[Phase], b_status: dict[str, str] | None = None) 
 def find_previous(
     results_root: Path, *, exclude: Path | None = None, mode: str | None = None, pair: str | None = None
 ) -> Path | None:
-    """The newest committed `regress.json` anywhere under `results_root/*/` (by its top folder's name, which
-    starts with the date, then by the run's own start time), leaving out `exclude`, runs of another `mode` and,
-    with `pair`, runs without rows of that pair (a run of other pairs says nothing of this one)."""
+    """The newest committed `regress.json` anywhere under `results_root/*/`, by the date its top folder's name
+    starts with, then by the run's own start time (same-day folders' names say nothing of their order);
+    leaving out `exclude`, runs of another `mode` and, with `pair`, runs without rows of that pair (a run of
+    other pairs says nothing of this one)."""
     found: list[tuple[str, str, str, Path]] = []
     for path in results_root.glob("*/**/regress.json"):
         if exclude is not None and path.parent.resolve() == exclude.resolve():
@@ -129,8 +130,8 @@ def find_previous(
             continue
         if pair is not None and not any(r.get("pair") == pair for r in data.get("rows", [])):
             continue
-        top = path.relative_to(results_root).parts[0]
-        found.append((top, str(data.get("meta", {}).get("started_utc", "")), str(path), path))
+        day = path.relative_to(results_root).parts[0][:10]
+        found.append((day, str(data.get("meta", {}).get("started_utc", "")), str(path), path))
     return max(found)[3] if found else None
 
 

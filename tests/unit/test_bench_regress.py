@@ -95,6 +95,9 @@ def test_each_pair_stands_beside_the_newest_run_that_measured_it_nested_folders_
     assert find_previous(tmp_path, mode="gpu", pair="turbomind") == other / "regress.json"
     assert find_previous(tmp_path, mode="gpu") == other / "regress.json"  # no pair: the newest of any
     assert find_previous(tmp_path, mode="gpu", pair="moe") is None
+    later = _write_run(tmp_path / "2026-12-06-a-later-run", "worker-q4", mode="gpu", started="2026-12-06T07:00:00Z",
+                       ratio=1.0)  # fmt: skip
+    assert find_previous(tmp_path, mode="gpu", pair="q4") == later / "regress.json"  # same day: its start time
 
 
 def test_the_previous_runs_numbers_stand_beside_the_matching_rows() -> None:
