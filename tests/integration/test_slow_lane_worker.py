@@ -202,7 +202,8 @@ def test_a_greedy_grammar_checked_after_the_pick_picks_what_the_grammar_first_ch
     assert masked >= 6  # both paths taken: the pick refused (masked) and the pick allowed
 
 
-def pick_grammar_first(chain: Any, logits: np.ndarray[Any, Any]) -> int:
+def grammar_first_pick(chain: Any, logits: np.ndarray[Any, Any]) -> int:
+    """The token llama.cpp's own chain `chain` (grammar, then greedy) selects from `logits`, not accepted."""
     from backends.llamacpp.worker.native import lib
 
     data = (lib.llama_token_data * len(logits))()
@@ -210,7 +211,13 @@ def pick_grammar_first(chain: Any, logits: np.ndarray[Any, Any]) -> int:
         data[i].id, data[i].logit, data[i].p = i, logit, 0.0
     array = lib.llama_token_data_array(data, len(logits), -1, False)
     lib.llama_sampler_apply(chain, ctypes.byref(array))
-    token = int(array.data[array.selected].id)
+    return int(array.data[array.selected].id)
+
+
+def pick_grammar_first(chain: Any, logits: np.ndarray[Any, Any]) -> int:
+    from backends.llamacpp.worker.native import lib
+
+    token = grammar_first_pick(chain, logits)
     lib.llama_sampler_accept(chain, token)
     return token
 
@@ -221,11 +228,6 @@ def grammar_first_best(model: Any, chain: Any, logits: np.ndarray[Any, Any]) -> 
 
     clone = lib.llama_sampler_clone(chain)
     try:
-        data = (lib.llama_token_data * len(logits))()
-        for i, logit in enumerate(logits.tolist()):
-            data[i].id, data[i].logit, data[i].p = i, logit, 0.0
-        array = lib.llama_token_data_array(data, len(logits), -1, False)
-        lib.llama_sampler_apply(clone, ctypes.byref(array))
-        return int(array.data[array.selected].id)
+        return grammar_first_pick(clone, logits)
     finally:
         lib.llama_sampler_free(clone)
