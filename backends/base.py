@@ -51,6 +51,12 @@ class LlamaCppOptions(_Frozen):
         "prompt shares more with it (llama-server's --cache-ram); 0 = off; default 2048, cut by the plan to half "
         "the host memory the model leaves",
     )
+    prompt_cache_idle_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="seconds the worker idles before it copies a slot worth keeping to host memory (an agent's "
+        "turn back sooner waits for no copy; worker --prompt-cache-idle-s); 0 = at once; default the worker's (2 s)",
+    )
     ctx_checkpoints: int | None = Field(
         default=None,
         ge=0,

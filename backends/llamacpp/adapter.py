@@ -63,6 +63,8 @@ class LlamaCppAdapter:
             argv += ["--n-cpu-moe", str(plan.n_cpu_moe)]
         if opts.prompt_cache_mib is not None:
             argv += ["--prompt-cache-mib", str(opts.prompt_cache_mib)]
+        if opts.prompt_cache_idle_s is not None and plan.task == "generate":
+            argv += ["--prompt-cache-idle-s", f"{opts.prompt_cache_idle_s:g}"]
         if opts.ctx_checkpoints is not None and plan.task == "generate":
             argv += ["--ctx-checkpoints", str(opts.ctx_checkpoints)]
         if opts.grammar_step_limit_s is not None and plan.task == "generate":

@@ -39,6 +39,24 @@ def llama_lib_dir() -> Path | None:
     return Path(spec.origin).parent / "lib"
 
 
+def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
+    """The physical cores this process may run on: one per distinct `thread_siblings_list` among the CPUs of
+    its affinity mask, as llama.cpp counts them for its default `-t` (`cpu_get_num_physical_cores`). A VM
+    that shows no SMT siblings (16 vCPUs, 1 thread per core) gets 16, a 2-way SMT host half its logical CPUs;
+    where the topology is not readable, the logical CPUs this process may use."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    siblings = set()
+    for cpu in cpus:
+        try:
+            siblings.add((sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text().strip())
+        except OSError:
+            return max(1, len(cpus))
+    return max(1, len(siblings))
+
+
 # Written by the install self-test when the default crashed and the safe variant worked (see selftest.py).
 SAFE_SETTINGS_FILE = "voltgate-llama-safe.json"
 

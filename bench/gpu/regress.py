@@ -253,10 +253,11 @@ def _moe_pair(
 ) -> Pair:  # fmt: skip
     """Experts in host memory (issue 39): our worker vs `llama-server --n-cpu-moe` at the same split, on the
     random-weight Qwen3-30B-A3B-shape GGUF (bench/gpu/make_moe_gguf.py), 8 slots of 1,024 tokens, 16 GB.
-    `moe-experts` runs both as shipped (2026-12-06: 0.76x / 0.85x, the worker on 8 host threads where
-    llama-server took 16, and without CPU weight repacking); `moe-experts-threads` gives both the host's
-    physical cores; `moe-experts-repack` that, and the worker llama.cpp's extra CPU buffer types
-    (`VOLTGATE_LLAMA_EXTRA_BUFTS=on`, which it turns off by default on AMX hosts: llama.cpp #20824)."""
+    `moe-experts` runs both as shipped (bc76834: 0.76x / 0.85x, the worker on 8 host threads, half the logical
+    CPUs, where llama-server took 16, and without CPU weight repacking; since 2026-12-06 the worker too takes one
+    thread per physical core); `moe-experts-threads` gives both the host's physical cores explicitly;
+    `moe-experts-repack` that, and the worker llama.cpp's extra CPU buffer types (`VOLTGATE_LLAMA_EXTRA_BUFTS=on`,
+    which it turns off by default on AMX hosts: llama.cpp #20824)."""
     model = G / "gguf" / "moe-q4_0.gguf"
     options: dict[str, Any] = {"slots": 8, "ctx": 1024, "gpu": True, "threads": threads, "n_cpu_moe": MOE_HOST_BLOCKS}
     pair = Pair(name, "worker", start_worker_direct(model, "qwen3-30b-a3b-shape", **options, env=env),

@@ -12,12 +12,12 @@ closest rung's shortfall and what would make it fit (`gateway.placement.hints`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import DeploymentPlan, EngineName
+from backends.llamacpp.cpu_features import physical_cores
 from gateway.config import Config, GGUFSource, HFSource, ModelSpec, PlacementSettings
 from gateway.config_replicas import model_of, replica_of
 from gateway.placement.choice import predict_placed
@@ -45,8 +45,8 @@ from gateway.placement.rungs import (
 from gateway.placement.swapping import plan_residency
 
 SIMULATED_HOST_THREADS = 8
-"""llama.cpp threads a simulated layout's host is taken to give the CPU layers (a 16-core host; the worker
-uses half the logical cores)."""
+"""llama.cpp threads a simulated layout's host is taken to give the CPU layers (an 8-core host with 16
+hardware threads; the worker uses one thread per physical core, `cpu_features.physical_cores`)."""
 
 Attempt = Callable[[int], "Placed | Miss | list[Miss]"]
 
@@ -222,7 +222,7 @@ def _prepare(spec: ModelSpec, config: Config, inventory: Inventory) -> _Entry:
     gpus = _configured_gpus(entry, inventory)
     if gpus is None:
         return entry
-    threads = SIMULATED_HOST_THREADS if inventory.source == "simulated" else max(1, (os.cpu_count() or 2) // 2)
+    threads = SIMULATED_HOST_THREADS if inventory.source == "simulated" else physical_cores()  # the worker's
     entry.work = ModelWork(spec, fp16, w4a16, ggufs, gpus, inventory.host_memory_bytes, threads, entry.settings,
                            config.base_dir)  # fmt: skip
     return entry

@@ -104,3 +104,22 @@ def test_the_bound_evicts_the_oldest_state(smollm2_path: Path, tmp_path: Path) -
         _, prompt_c, cached_c = ask(worker, C)
     assert cached_a < 64, (prompt_a, cached_a)
     assert cached_c >= prompt_c - 8, (prompt_c, cached_c)
+
+
+def test_a_slot_is_copied_only_after_the_engine_has_idled_its_idle_time(smollm2_path: Path, tmp_path: Path) -> None:
+    """`--prompt-cache-idle-s` (issue 41): an agent's next turn that comes back within it finds its slot as it
+    left it, and no copy was made (the worker before it copied the slot as soon as the turn ended, and on a GPU
+    the next turn waited behind that copy); once the engine has idled that long, the slot is copied."""
+    idle_s = 6.0
+    with running(smollm2_path, tmp_path, "--prompt-cache-idle-s", f"{idle_s:g}") as worker:
+        ask(worker, A)
+        _, prompt, cached = ask(worker, f"{A}\nWhat weighs the most?\nCount again.")  # the next turn
+        ended = time.monotonic()
+        early = worker.health()["prompt_cache"]
+        while (later := worker.health()["prompt_cache"])["saved_idle_total"] == 0:
+            assert time.monotonic() < ended + idle_s + 30, later
+            time.sleep(0.2)
+        waited = time.monotonic() - ended
+    assert cached >= prompt - 40, (prompt, cached)  # the slot kept the first turn
+    assert early["saved_total"] == 0, early  # nothing copied between the turns
+    assert later["saved_total"] == later["saved_idle_total"] == 1 and waited >= idle_s / 2, (later, waited)

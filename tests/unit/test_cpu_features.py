@@ -78,3 +78,24 @@ def test_setting_comes_from_the_environment_then_the_self_tests_record(
     assert cf.configured_setting(str(tmp_path)) == "off"
     cf.safe_settings_path(str(tmp_path)).write_text("{broken")
     assert cf.configured_setting(str(tmp_path)) == "auto"
+
+
+def _topology(root: Path, siblings: list[str]) -> Path:
+    for cpu, shared in enumerate(siblings):
+        folder = root / f"cpu{cpu}" / "topology"
+        folder.mkdir(parents=True)
+        (folder / "thread_siblings_list").write_text(shared + "\n")
+    return root
+
+
+def test_physical_cores_count_distinct_sibling_sets_of_the_cpus_this_process_may_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp's default `-t`: a VM with 4 vCPUs and no SMT has 4 cores (the worker took half the logical
+    CPUs before: 2); a 2-way SMT host half its logical CPUs; unreadable topology: the logical CPUs."""
+    monkeypatch.setattr(cf.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cf.physical_cores(_topology(tmp_path / "vm", ["0", "1", "2", "3"])) == 4
+    assert cf.physical_cores(_topology(tmp_path / "smt", ["0,2", "1,3", "0,2", "1,3"])) == 2
+    assert cf.physical_cores(tmp_path / "none") == 4
+    monkeypatch.setattr(cf.os, "sched_getaffinity", lambda pid: {1, 3})  # pinned to two CPUs
+    assert cf.physical_cores(tmp_path / "vm") == 2 and cf.physical_cores(tmp_path / "smt") == 1

@@ -31,3 +31,13 @@ def test_the_bound_reaches_the_worker_only_when_set() -> None:
 def test_a_bound_of_zero_is_refused() -> None:
     with pytest.raises(ValidationError, match="grammar_step_limit_s"):
         argv(grammar_step_limit_s=0)
+
+
+def test_the_prompt_caches_idle_time_reaches_the_worker_only_when_set() -> None:
+    """`llamacpp.prompt_cache_idle_s` (issue 41): the same rule as the grammar bound; 0 (save at once) is allowed."""
+    assert "--prompt-cache-idle-s" not in argv()
+    for value, passed in ((0.5, "0.5"), (0, "0")):
+        pinned = argv(prompt_cache_idle_s=value)
+        assert pinned[pinned.index("--prompt-cache-idle-s") + 1] == passed
+    with pytest.raises(ValidationError, match="prompt_cache_idle_s"):
+        argv(prompt_cache_idle_s=-1)

@@ -185,3 +185,17 @@ def test_a_short_state_is_not_wiped_for_a_few_shared_tokens_while_a_slot_is_empt
     red = holding(model, 0, [*range(24), *range(100, 130)], Origin(50, 0))
     empty = holding(model, 1, [], None)
     assert pick_slot([red, empty], [*range(24), *range(200, 226)], prompts.precious) is empty
+
+
+def test_idle_saves_wait_for_the_policys_idle_time_and_only_when_there_is_something_to_save() -> None:
+    prompts, model = host(SavePolicy(LONG_PROMPT_TOKENS_GPU, idle_after_s=2.0))
+    agent = holding(model, 0, AGENT, Origin(len(AGENT), 0))
+    unique = holding(model, 1, UNIQUE, Origin(300, 0))  # not worth a copy
+    assert prompts.idle_save_due([agent, unique], now=100.0) == 102.0
+    assert prompts.idle_save_due([unique], now=100.0) is None
+    agent.busy = True
+    assert prompts.idle_save_due([agent], now=100.0) is None  # a running slot is never saved while idle
+    agent.busy = False
+    assert prompts.save_idle([agent]) and prompts.idle_save_due([agent], now=100.0) is None  # saved already
+    off, _ = host(GPU, limit=0)
+    assert off.idle_save_due([agent], now=100.0) is None

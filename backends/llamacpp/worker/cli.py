@@ -20,6 +20,7 @@ from types import FrameType
 
 import uvicorn
 
+from backends.llamacpp.cpu_features import physical_cores
 from backends.llamacpp.worker.auth import require_token
 from backends.llamacpp.worker.chat_server import WorkerSpec, create_app
 from backends.llamacpp.worker.checkpoints import DEFAULT_CTX_CHECKPOINTS
@@ -29,6 +30,7 @@ from backends.llamacpp.worker.embedding import POOLINGS, EmbeddingOptions, Pooli
 from backends.llamacpp.worker.native import ContextOptions
 from backends.llamacpp.worker.prompt_cache import (
     DEFAULT_PROMPT_CACHE_MIB,
+    IDLE_SAVE_AFTER_S,
     LONG_PROMPT_TOKENS_CPU,
     LONG_PROMPT_TOKENS_GPU,
     SavePolicy,
@@ -48,6 +50,13 @@ def _positive(text: str) -> int:
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text} is not >= 0")
     return value
 
@@ -95,7 +104,7 @@ def _decoding_args(p: argparse.ArgumentParser) -> None:
         "--n-threads",
         type=_positive,
         default=None,
-        help="CPU threads (default: half the logical cores, i.e. the physical ones on SMT machines)",
+        help="CPU threads (default: one per physical core this process may use, as llama-server)",
     )
     p.add_argument("--n-batch", type=_positive, default=512, help="tokens per decode step (prefill chunk budget)")
     p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="disable flash attention")
@@ -147,6 +156,14 @@ def _cache_args(p: argparse.ArgumentParser) -> None:
         f"{LONG_PROMPT_TOKENS_GPU} when layers are on a GPU, where the copy costs about a short prompt's prefill",
     )
     p.add_argument(
+        "--prompt-cache-idle-s",
+        type=_non_negative_float,
+        default=IDLE_SAVE_AFTER_S,
+        help="seconds the engine idles before it copies a slot worth keeping to host memory: an agent's turn that "
+        "comes back sooner finds its slot untouched and waits for no copy (a slot a prompt overwrites is still "
+        "saved first); 0 = at once",
+    )
+    p.add_argument(
         "--ctx-checkpoints",
         type=_non_negative,
         default=DEFAULT_CTX_CHECKPOINTS,
@@ -185,8 +202,9 @@ def _task_args(p: argparse.ArgumentParser) -> None:
 
 
 def _threads(args: argparse.Namespace) -> int:
-    """--n-threads, or half the logical cores (the physical ones on SMT machines)."""
-    return int(args.n_threads or max(1, (os.cpu_count() or 2) // 2))
+    """--n-threads, or one per physical core, as llama-server (`cpu_features.physical_cores`; half the logical
+    cores before 2026-12-06, which gave a 16-vCPU VM without SMT 8 threads where llama-server took 16)."""
+    return int(args.n_threads or physical_cores())
 
 
 def _cache_type(args: argparse.Namespace) -> str:
@@ -215,7 +233,7 @@ def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
         fill_gaps=args.fill_gaps == "on" or (args.fill_gaps == "auto" and args.n_gpu_layers != 0),
         sampling_threads=args.sampling_threads,
         prompt_cache_mib=args.prompt_cache_mib,
-        save_policy=SavePolicy(_long_prompt_tokens(args)),
+        save_policy=SavePolicy(_long_prompt_tokens(args), args.prompt_cache_idle_s),
         ctx_checkpoints=args.ctx_checkpoints,
         grammar_step_limit_s=args.grammar_step_limit_s,
         mmproj=args.mmproj,

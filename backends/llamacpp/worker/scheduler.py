@@ -202,24 +202,22 @@ class Scheduler:
     def _next_round(self) -> bool:
         """Wait for work, admit queued requests into free slots, drop cancelled ones, take the tokens the
         slow lane picked."""
-        self._save_while_idle()
         with self._cond:
             if self._resting():
                 self._outbox.flush()
-                while self._resting():
-                    self._cond.wait()
+                self._rest()
             if self._closed:
                 return False
             for ticket in self._waiting.drop_cancelled():
                 self._counters.ended(aborted=True, prompt=0, cached=0)
-                self._log_abort(ticket.request, "while queued")
+                log.info("request %s aborted while queued (client disconnected)", ticket.request.request_id)
                 self._outbox.put(ticket, Finished("cancelled", Usage(len(ticket.request.prompt), 0, 0)))
             admitted = self._waiting.take(self._free_slots)
             self._free_slots -= len(admitted)
         for key, ticket in admitted:
             self._admit(ticket, key)
         for seq in [s for s in self._running if s.ticket.cancelled]:
-            self._log_abort(seq.request, f"after {seq.n_generated} tokens")
+            log.info("request %s aborted after %d tokens (client gone)", seq.request.request_id, seq.n_generated)
             self._release(seq, Finished("cancelled", seq.usage()), aborted=True)
         self._take_slow_tokens()
         return True
@@ -242,16 +240,27 @@ class Scheduler:
             else:
                 self._on_token(seq, done.token, done.entry)
 
-    def _save_while_idle(self) -> None:
-        """With nothing running or waiting, copy the free slots worth keeping to host memory, one at a time
-        (a request that arrives meanwhile waits for one copy at most), after handing out the last events."""
-        while True:
-            with self._cond:
-                if self._closed or self._running or self._waiting:
-                    return
-            self._outbox.flush()
-            if not self._host.save_idle(self._slots):
-                return
+    def _rest(self) -> None:
+        """Under `_cond`, until there is work: once nothing has run or waited for `idle_after_s`
+        (`prompt_cache.SavePolicy`), copy the free slots worth keeping to host memory, one at a time and
+        with `_cond` released (a request that arrives meanwhile waits for one copy at most)."""
+        due = None if self._running else self._host.idle_save_due(self._slots, time.monotonic())
+        while self._resting():
+            left = None if due is None else due - time.monotonic()
+            if left is None or left > 0:
+                self._cond.wait(left)
+                continue
+            due = None
+            self._cond.release()
+            try:
+                while self._idle() and self._host.save_idle(self._slots):
+                    pass
+            finally:
+                self._cond.acquire()
+
+    def _idle(self) -> bool:
+        with self._cond:
+            return not (self._closed or self._running or self._waiting)
 
     def _admit(self, ticket: Ticket, group: int) -> None:
         prompt = ticket.request.prompt
@@ -463,21 +472,12 @@ class Scheduler:
             self._counters.ended(aborted=aborted, prompt=len(seq.request.prompt), cached=seq.cached_tokens)
         self._update_kv_stats()
         if isinstance(event, Finished) and not aborted:
-            log.info(
-                "request %s done prompt=%d cached=%d completion=%d reason=%s in %.2fs",
-                seq.request.request_id,
-                len(seq.request.prompt),
-                seq.cached_tokens,
-                seq.n_generated,
-                event.reason,
-                time.monotonic() - seq.started_s,
-            )
+            done, r = "request %s done prompt=%d cached=%d completion=%d reason=%s in %.2fs", seq.request
+            log.info(done, r.request_id, len(r.prompt), seq.cached_tokens, seq.n_generated, event.reason,
+                     time.monotonic() - seq.started_s)  # fmt: skip
         elif isinstance(event, Failed):
             log.error("request %s failed: %s", seq.request.request_id, event.message)
         self._outbox.put(seq.ticket, event)
-
-    def _log_abort(self, request: GenerationRequest, when: str) -> None:
-        log.info("request %s aborted %s (client disconnected)", request.request_id, when)
 
     def _update_kv_stats(self) -> None:
         used = sum(len(s.cached) for s in self._slots if s.busy)
