@@ -169,7 +169,7 @@ class _WorkerState:
             self.engine = engine
         ctx = self.spec.context
         log.info(
-            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d flash_attn=%s kv=%s%s%s%s%s"
+            "loaded model %s from %s in %.1fs (slots=%d ctx/slot=%d n_batch=%d threads=%s flash_attn=%s kv=%s%s%s%s%s"
             " longest_token=%dB)",
             self.spec.model_name,
             self.spec.model_path,
@@ -177,6 +177,7 @@ class _WorkerState:
             ctx.n_seq_max,
             ctx.n_ctx_per_seq,
             ctx.n_batch,
+            ctx.n_threads or "llama.cpp's",
             ctx.flash_attn,
             ctx.cache_type,
             " unified" if ctx.kv_unified else "",
