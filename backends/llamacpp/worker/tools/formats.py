@@ -157,6 +157,7 @@ class Llama3Format(ToolFormat):
     trigger = '{"name"'
     preserved_tokens = (PYTHON_TAG,)
     parallel_calls = False
+    name_end = '"'
 
     def prepare_messages(
         self,
@@ -170,8 +171,6 @@ class Llama3Format(ToolFormat):
 
     def grammar(self, tools: Sequence[Tool], *, parallel: bool) -> str:  # noqa: ARG002 (one call per turn)
         return gbnf.llama3_grammar(tools)
-
-    name_end = '"'
 
     def trigger_patterns(self, names: Sequence[str]) -> tuple[str, ...]:
         # Only a reply that opens with the call's JSON (spaced as the grammar allows) is a call.
