@@ -21,8 +21,8 @@ from gateway.placement.inspection import inspect_gguf
 from gateway.placement.inventory import inventory_from_spec
 from gateway.placement.performance import workload_for
 from gateway.placement.report import PlacementReport
-from gateway.placement.rungs import TM_FP16, TM_MOE_UNVERIFIED
-from tests.unit.placement_models import LLAMA2_7B, MIXTRAL_8X7B, build_zoo, write_hf_model
+from gateway.placement.rungs import TM_FP16, TM_MOE_UNVERIFIED, TM_W4A16
+from tests.unit.placement_models import AWQ_GEMM, LLAMA2_7B, MIXTRAL_8X7B, build_zoo, write_hf_model
 from tests.unit.test_placement_policy import assert_not_overcommitted
 
 GGUF = "qwen3-30b-a3b.Q4_K_M.gguf"
@@ -127,3 +127,14 @@ def test_a_fp16_moe_on_turbomind_is_planned_with_a_warning(
     decision = plan_models(config_, inventory_from_spec("v100-32gb")).decision("m")
     assert decision.rung == TM_FP16
     assert (TM_MOE_UNVERIFIED in decision.warnings) is warned
+
+
+def test_an_awq_moe_on_turbomind_gets_w4a16_and_no_fp16_warning(tmp_path: Path) -> None:
+    """The warning is about TurboMind's grouped FP16 GEMM; an AWQ MoE's experts run its int4 kernels, which the
+    dense W4A16 models use too, so its plan carries no such warning (and its experts are counted, as 4-bit)."""
+    write_hf_model(tmp_path / "m", {**MIXTRAL_8X7B, "num_hidden_layers": 8}, quant=AWQ_GEMM)
+    entry = {"name": "m", "sources": [{"hf": "m", "format": "awq"}], "context": 4096, "concurrency": 2}
+    config = Config.model_validate({"gpus": "v100-32gb", "models": [entry], "base_dir": tmp_path})
+    decision = plan_models(config, inventory_from_spec("v100-32gb")).decision("m")
+    assert decision.rung == TM_W4A16 and decision.plan is not None and decision.plan.quant == "awq", decision
+    assert TM_MOE_UNVERIFIED not in decision.warnings
