@@ -40,11 +40,13 @@ from bench.sessions import SESSION_KINDS, AgentSession, SessionKind, Turn, one_t
 
 MODEL = "smollm2-135m"
 ANSWER = "Done. Next step."
-# The frames a profile is summed under (a sample counts once under each of these it passed through).
+# The frames a profile is summed under (a sample counts once under each of these its stack passed through; a
+# frame matches when its qualified name contains the text).
 PROFILE_FRAMES = (
-    "to_chat", "model_validate", "model_dump", "json", "render", "apply", "tokenize", "_tokens", "prepare",
-    "common_prefix_len", "pick_slot", "best", "decode", "_step", "relay", "stream",
+    "PromptBuilder.prepare", "Model.tokenize", "SchemaConverter", "ChatTemplate", "Sampler.__init__",
+    "HostPrompts", "pick_slot", "Model.decode", "to_chat", "model_validate", "model_dump", "Upstream",
 )  # fmt: skip
+SAMPLE_RATE = 200
 
 
 @dataclass
@@ -103,20 +105,26 @@ def _worker_pid(gateway_pid: int) -> int | None:
     return None
 
 
-def _summarise(raw: Path) -> dict[str, Any]:
-    """py-spy's raw (collapsed) stacks: samples, and the share of them under each of `PROFILE_FRAMES`."""
+def _summarise(raw: Path, requests: int) -> dict[str, Any]:
+    """py-spy's raw (collapsed) stacks: CPU ms per request in all, and under each of `PROFILE_FRAMES`."""
     total, under, leaves = 0, Counter[str](), Counter[str]()
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         count = int(count_text)
         total += count
-        frames = stack.split(";")
-        names = {frame.split(" ")[0].split(".")[-1] for frame in frames}
+        frames = [frame.split(" ")[0] for frame in stack.split(";")]
         for name in PROFILE_FRAMES:
-            if name in names:
+            if any(name in frame for frame in frames):
                 under[name] += count
-        leaves[frames[-1][:120]] += count
-    return {"samples": total, "under": dict(under.most_common()), "leaves": dict(leaves.most_common(12))}
+        leaves[frames[-1]] += count
+    per = 1000 / SAMPLE_RATE / max(1, requests)
+    under_ms = {k: v * per for k, v in under.most_common()}
+    return {
+        "samples": total,
+        "ms_per_request": total * per,
+        "under_ms": under_ms,
+        "leaves": dict(leaves.most_common(12)),
+    }
 
 
 async def _send(base: str, turn: Turn, times: int) -> float:
@@ -129,7 +137,7 @@ async def _send(base: str, turn: Turn, times: int) -> float:
 
 
 def _spy(py_spy: str, pid: int, path: Path) -> subprocess.Popen[bytes]:
-    argv = [py_spy, "record", "-p", str(pid), "-r", "200", "-f", "raw", "-o", str(path), "--nonblocking"]
+    argv = [py_spy, "record", "-p", str(pid), "-r", str(SAMPLE_RATE), "-f", "raw", "-o", str(path), "--nonblocking"]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -150,7 +158,7 @@ def profile_last_turn(served: Served, kind: SessionKind, turns: int, repeats: in
     for spy in spies.values():
         spy.send_signal(2)  # SIGINT: py-spy writes its file and exits
         spy.wait(60)
-    found = {name: _summarise(paths[name]) for name in spies}
+    found = {name: _summarise(paths[name], repeats) for name in spies}
     return {"kind": kind, "turn": turns, "repeats": repeats, "seconds": elapsed, "processes": found}
 
 
@@ -178,8 +186,9 @@ def write_results(
     for p in profiles:
         lines += ["", f"## Profile: {p['kind']}, turn {p['turn']}, {p['repeats']} repeats in {p['seconds']:.2f} s", ""]
         for name, found in p["processes"].items():
-            share = ", ".join(f"`{k}` {v / max(1, found['samples']):.0%}" for k, v in found["under"].items())
-            lines.append(f"- **{name}**: {found['samples']} samples at 200/s; under {share or '-'}")
+            under = ", ".join(f"`{k}` {v:.1f}" for k, v in found["under_ms"].items())
+            lines.append(f"- **{name}**: {found['ms_per_request']:.1f} CPU ms a request (py-spy, {SAMPLE_RATE}/s, "
+                         f"{found['samples']} samples); of it under {under or '-'}")  # fmt: skip
     (out / "turn-overhead.md").write_text("\n".join(lines) + "\n")
     data = {"meta": meta, "turns": [asdict(c) | {"added_ms": c.added_ms} for c in costs], "profiles": list(profiles)}
     (out / "turn-overhead.json").write_text(json.dumps(data, indent=1) + "\n")

@@ -17,11 +17,12 @@ def test_the_added_cost_is_the_repeat_less_the_one_turn_repeat() -> None:
 def test_a_sample_counts_once_under_each_summed_frame_it_passed_through(tmp_path: Path) -> None:
     raw = tmp_path / "profile.txt"
     raw.write_text(
-        "main (w.py:1);prepare (p.py:9);render (t.py:3);render (t.py:4) 6\n"
-        "main (w.py:1);prepare (p.py:9);tokenize (n.py:2) 3\n"
-        "main (w.py:1);_step (s.py:5);decode (n.py:7) 1\n"
+        "main (w.py:1);PromptBuilder.prepare (p.py:9);ChatTemplate.render (t.py:3);ChatTemplate.render (t.py:4) 6\n"
+        "main (w.py:1);PromptBuilder.prepare (p.py:9);Model.tokenize (n.py:2) 3\n"
+        "main (w.py:1);Scheduler._step (s.py:5);Model.decode (n.py:7) 1\n"
     )
-    found = _summarise(raw)
-    assert found["samples"] == 10
-    assert found["under"] == {"prepare": 9, "render": 6, "tokenize": 3, "_step": 1, "decode": 1}
-    assert next(iter(found["leaves"])) == "render (t.py:4)"
+    found = _summarise(raw, requests=2)  # 10 samples at 200/s over 2 requests: 25 ms a request
+    assert found["samples"] == 10 and found["ms_per_request"] == 25.0
+    assert found["under_ms"] == {"PromptBuilder.prepare": 22.5, "ChatTemplate": 15.0, "Model.tokenize": 7.5,
+                                 "Model.decode": 2.5}  # fmt: skip
+    assert next(iter(found["leaves"])) == "ChatTemplate.render"
