@@ -13,6 +13,7 @@ With `--py-spy PATH`, py-spy samples the gateway and its worker while the last t
 (`--profile-repeats` times) and the table lists where their CPU time went (the frames under which samples fell).
 
     python -m bench.turn_overhead --out bench/results/DATE-turn-overhead [--py-spy /tmp/pyspy/bin/py-spy]
+    python -m bench.turn_overhead --config bench/gpu/configs/session-gguf-7b.yaml --out DIR   # GPU (`turns:gguf`)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import psutil
 from bench import provenance
 from bench.launch import Served, default_model_path, gateway_config, llamacpp_model_entry, start_gateway
 from bench.processes import free_port
-from bench.session_replay import stream_request
+from bench.session_replay import start_config_gateways, stream_request
 from bench.sessions import SESSION_KINDS, AgentSession, SessionKind, Turn, one_turn_body
 
 MODEL = "smollm2-135m"
@@ -80,8 +81,8 @@ async def _timed(client: httpx.AsyncClient, base: str, turn: Turn, body: dict[st
     return first, first_ms, statistics.median(ttfts) if ttfts else None
 
 
-async def measure_kind(base: str, kind: SessionKind, turns: int, repeats: int) -> list[TurnCost]:
-    session = AgentSession(kind, MODEL, max_tokens=4)
+async def measure_kind(base: str, model: str, kind: SessionKind, turns: int, repeats: int) -> list[TurnCost]:
+    session = AgentSession(kind, model, max_tokens=4)
     costs = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False) as client:
         turn = session.first_turn()
@@ -89,7 +90,7 @@ async def measure_kind(base: str, kind: SessionKind, turns: int, repeats: int) -
             _, first_ms, repeat_ms = await _timed(client, base, turn, turn.body, repeats)
             # the repeat's usage: the last send's (every repeat sends the same body)
             last = await stream_request(client, base, turn.api, turn.path, turn.headers, turn.body)
-            one = one_turn_body(turn.api, MODEL, turn.new_text, 4)
+            one = one_turn_body(turn.api, model, turn.new_text, 4)
             one_first, _, one_repeat_ms = await _timed(client, base, turn, one, repeats)
             costs.append(TurnCost(kind, i + 1, last.prompt_tokens, last.cached_tokens, first_ms, repeat_ms,
                                   one_first.prompt_tokens, one_repeat_ms))  # fmt: skip
@@ -145,7 +146,7 @@ def profile_last_turn(served: Served, kind: SessionKind, turns: int, repeats: in
         str, Any]:  # fmt: skip
     """The session grown to its last turn and prefilled, then py-spy on the gateway and the worker while it
     repeats `repeats` times."""
-    session = AgentSession(kind, MODEL, max_tokens=4)
+    session = AgentSession(kind, served.model, max_tokens=4)
     turn = session.first_turn()
     for _ in range(turns - 1):
         turn = session.next_turn(ANSWER)
@@ -203,16 +204,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=list(SESSION_KINDS), choices=SESSION_KINDS)
     p.add_argument("--py-spy", default=None, help="py-spy binary: profile the last turn's repeats")
     p.add_argument("--profile-repeats", type=int, default=30)
+    p.add_argument("--config", type=Path, default=None, help="a gateway config (its first model, GPUs on) instead "
+                   "of the embedded model on the CPU: the GPU machine's `turns:gguf` step")  # fmt: skip
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    entry = llamacpp_model_entry(MODEL, default_model_path(), context=16384, concurrency=2, slots=2,
-                                 n_threads=args.threads)  # fmt: skip
-    served = start_gateway("gateway", gateway_config(free_port(), [entry]), log_dir=args.out / "logs")
+    if args.config is not None:
+        served = start_config_gateways({"on": args.config}, args.out / "logs")["on"]
+    else:
+        entry = llamacpp_model_entry(MODEL, default_model_path(), context=16384, concurrency=2, slots=2,
+                                     n_threads=args.threads)  # fmt: skip
+        served = start_gateway("gateway", gateway_config(free_port(), [entry]), log_dir=args.out / "logs")
     costs: list[TurnCost] = []
     profiles: list[dict[str, Any]] = []
     try:
         for kind in args.kinds:
-            costs += asyncio.run(measure_kind(served.root_url, kind, args.turns, args.repeats))
+            costs += asyncio.run(measure_kind(served.root_url, served.model, kind, args.turns, args.repeats))
             if args.py_spy:
                 profiles.append(
                     profile_last_turn(served, kind, args.turns, args.profile_repeats, args.py_spy, args.out)

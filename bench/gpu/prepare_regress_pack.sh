@@ -32,6 +32,9 @@ rm -rf .gpu/extra && mkdir -p .gpu/extra
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .gpu/extra $PINS
+# py-spy, for bench.turn_overhead's profile on the GPU machine (`turns:gguf`): a static binary, /tmp/site2/bin/py-spy
+python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .gpu/extra py-spy==0.4.3
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 python3 -m pip download -q --no-deps --no-binary=:all: -d "$WORK" llama-cpp-python==0.3.36
 tar -xzf "$WORK"/llama_cpp_python-0.3.36.tar.gz -C "$WORK"

@@ -31,6 +31,9 @@
 #   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, the configs' 3 x
 #                                10,240 tokens of KV q8_0, held to 16 GB; the 7B's trained context raised to 32k with
 #                                --override-kv: llama-server caps a slot at it, 4,096, and refused every agent turn)
+#   turns:gguf                   bench.turn_overhead on session-gguf-7b.yaml held to a V100-16GB: what a cached agent
+#                                turn costs besides its new tokens, py-spy on the gateway and the worker (the wheel in
+#                                .gpu/extra), into out/<date>-turn-overhead-gguf
 #   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
@@ -200,6 +203,15 @@ step_sessions() {  # $1: tm | gguf | llama-server
   release
 }
 
+step_turns() {  # $1: gguf
+  local out=$S/out/$(date -u +%F)-turn-overhead-$1 spy
+  spy=$(command -v py-spy || ls /tmp/site2/bin/py-spy 2> /dev/null)
+  hold 16160
+  python3 -m bench.turn_overhead --out "$out" --config bench/gpu/configs/session-gguf-7b.yaml ${spy:+--py-spy "$spy"}
+  stamp "turns $1 exit $?"
+  release
+}
+
 gw=
 gateway_up() {  # $1 config, $2 log: `voltgate serve` planned for one V100-32GB, its pid in $gw, waited for /ready
   python3 -m gateway serve --config "$1" --gpus v100-32gb > "$2" 2>&1 &
@@ -267,6 +279,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     bench) step_bench "" ${REGRESS_ARGS:-} ;;
     bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ;;
     sessions:*) step_sessions "${step#sessions:}" ;;
+    turns:gguf) step_turns gguf ;;
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
