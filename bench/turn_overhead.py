@@ -182,7 +182,8 @@ def _row(c: TurnCost) -> str:
 def write_results(
     out: Path, meta: dict[str, Any], costs: Sequence[TurnCost], profiles: Sequence[dict[str, Any]]
 ) -> None:
-    lines = ["# What a cached turn costs besides its new tokens (CPU)", "", HEADER, "|---" * 9 + "|"]
+    where = f"`{meta['config']}`" if meta.get("config") else "CPU, the embedded model"
+    lines = [f"# What a cached turn costs besides its new tokens ({where})", "", HEADER, "|---" * 9 + "|"]
     lines += [_row(c) for c in costs]
     for p in profiles:
         lines += ["", f"## Profile: {p['kind']}, turn {p['turn']}, {p['repeats']} repeats in {p['seconds']:.2f} s", ""]
@@ -225,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     finally:
         served.stop()
-    write_results(args.out, provenance.collect(threads=args.threads, turns=args.turns), costs, profiles)
+    meta = provenance.collect(threads=args.threads, turns=args.turns, config=str(args.config or ""))
+    write_results(args.out, meta, costs, profiles)
     print((args.out / "turn-overhead.md").read_text())
     return 0
 
