@@ -3,11 +3,8 @@ which checkpoint a cut restores, the per-slot bound, and the scheduler's hooks o
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, cast
 
-from backends.base import DeploymentPlan, EngineName
-from backends.llamacpp import LlamaCppAdapter
 from backends.llamacpp.worker.checkpoints import (
     TAIL,
     Checkpoint,
@@ -22,6 +19,7 @@ from backends.llamacpp.worker.checkpoints import (
     uncut,
 )
 from backends.llamacpp.worker.slots import MIN_REUSE_TOKENS
+from tests.unit.llamacpp_argv import flag_value, llamacpp_argv
 
 
 def point(pos: int, size: int = 10) -> Checkpoint:
@@ -126,10 +124,5 @@ def test_prompts_shorter_than_the_copy_threshold_get_no_checkpoints() -> None:
 
 
 def test_the_config_option_reaches_the_worker_only_when_set() -> None:
-    plan: dict[str, Any] = {"model": "h", "engine": EngineName.LLAMACPP, "source_path": Path("/m/h.gguf"),
-                            "model_format": "gguf", "context_tokens": 512, "slots": 2}  # fmt: skip
-    argv = LlamaCppAdapter(python="py").launch_spec(DeploymentPlan.model_validate(plan), 9).argv
-    assert "--ctx-checkpoints" not in argv  # the worker's default
-    pinned = DeploymentPlan.model_validate({**plan, "llamacpp": {"ctx_checkpoints": 0}})
-    argv = LlamaCppAdapter(python="py").launch_spec(pinned, 9).argv
-    assert argv[argv.index("--ctx-checkpoints") + 1] == "0"
+    assert "--ctx-checkpoints" not in llamacpp_argv()  # the worker's default
+    assert flag_value(llamacpp_argv(ctx_checkpoints=0), "--ctx-checkpoints") == "0"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+from pydantic import ValidationError
+
 from backends.llamacpp.worker.prompt_cache import (
     LONG_PROMPT_TOKENS_GPU,
     MIN_SAVE_TOKENS,
@@ -14,6 +17,7 @@ from backends.llamacpp.worker.prompt_cache import (
     SavePolicy,
 )
 from backends.llamacpp.worker.slots import Origin, Slot, common_prefix_len, pick_slot
+from tests.unit.llamacpp_argv import flag_value, llamacpp_argv
 
 GPU = SavePolicy(LONG_PROMPT_TOKENS_GPU)
 UNIQUE = list(range(10_000, 10_400))  # a benchmark's unique 400-token prompt (and its answer)
@@ -199,3 +203,12 @@ def test_idle_saves_wait_for_the_policys_idle_time_and_only_when_there_is_someth
     assert prompts.save_idle([agent]) and prompts.idle_save_due([agent], now=100.0) is None  # saved already
     off, _ = host(GPU, limit=0)
     assert off.idle_save_due([agent], now=100.0) is None
+
+
+def test_the_idle_time_reaches_the_worker_only_when_set() -> None:
+    """`llamacpp.prompt_cache_idle_s` (issue 41): the worker's default (2 s) unless set; 0 (at once) allowed."""
+    assert "--prompt-cache-idle-s" not in llamacpp_argv()
+    assert flag_value(llamacpp_argv(prompt_cache_idle_s=0.5), "--prompt-cache-idle-s") == "0.5"
+    assert flag_value(llamacpp_argv(prompt_cache_idle_s=0), "--prompt-cache-idle-s") == "0"
+    with pytest.raises(ValidationError, match="prompt_cache_idle_s"):
+        llamacpp_argv(prompt_cache_idle_s=-1)
