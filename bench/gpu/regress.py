@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -402,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_requests = args.requests or (4 if args.smoke else None)
     for pair in pairs:
         pair.requests = load_requests
-    meta = provenance.collect(notes=args.notes, gpu=_gpu_name())
+    meta = provenance.collect(notes=args.notes, gpu=_gpu_name(), code=_code())
     hold = MemoryHold(None if args.smoke else args.hold_script, args.out / "logs")
     phases = run_pairs(pairs, args.out / "logs", hold)
     mode = "smoke" if args.smoke else "gpu"
@@ -433,8 +434,18 @@ def _write(out: Path, phases: list[Phase], b_status: dict[str, str], mode: str, 
     return 0 if phases else 1
 
 
+def _code() -> str | None:
+    """The commit this checkout is (`bench/gpu/.tree`, written before a device call, or `VG_COMMIT`): on the GPU
+    machine git's own answer is the device copy's stale `.git` (2026-12-06: 049753e, dirty, for code 72036c3)."""
+    tree = REPO / "bench" / "gpu" / ".tree"
+    text = tree.read_text().strip() if tree.is_file() else os.environ.get("VG_COMMIT", "")
+    return text or None
+
+
 def _commit(path: Path) -> str | None:
-    return json.loads(path.read_text()).get("meta", {}).get("git", {}).get("commit")
+    """A previous run's code: its `meta.code` where it has one, else what git said there."""
+    meta = json.loads(path.read_text()).get("meta", {})
+    return meta.get("code") or meta.get("git", {}).get("commit")
 
 
 def _phase_json(phase: Phase) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.gpu.regress import llama_server_argv, with_port, worker_argv
+from bench.gpu.regress import _commit, llama_server_argv, with_port, worker_argv
 from bench.gpu.regress_table import (
     LevelMeasure,
     Phase,
@@ -162,3 +162,12 @@ def test_a_run_cut_before_its_table_is_read_back_from_its_log() -> None:
         ("worker-q4_k_m", "A", "worker", 0), ("worker-q4_k_m", "B", "llama-server", 1)]  # fmt: skip
     assert phases[0].levels == (LevelMeasure(1, 228.5, 44.8, 16, 16), LevelMeasure(16, 1972.3, 99.6, 32, 32))
     assert phases[1].levels == (LevelMeasure(1, None, None, 0, 16),)
+
+
+def test_a_previous_runs_commit_is_its_recorded_code_before_what_git_said(tmp_path: Path) -> None:
+    """On the GPU machine git answers from the device copy's stale `.git`; the run records `meta.code`
+    (bench/gpu/.tree) and the table names that. Older runs without it fall back to git's answer."""
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps({"meta": {"code": "72036c3", "git": {"commit": "049753e"}}}))
+    old.write_text(json.dumps({"meta": {"git": {"commit": "40cde8b"}}}))
+    assert (_commit(new), _commit(old)) == ("72036c3", "40cde8b")
