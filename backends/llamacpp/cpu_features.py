@@ -40,10 +40,11 @@ def llama_lib_dir() -> Path | None:
 
 
 def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
-    """The physical cores this process may run on: one per distinct `thread_siblings_list` among the CPUs of
-    its affinity mask, as llama.cpp counts them for its default `-t` (`cpu_get_num_physical_cores`). A VM
-    that shows no SMT siblings (16 vCPUs, 1 thread per core) gets 16, a 2-way SMT host half its logical CPUs;
-    where the topology is not readable, the logical CPUs this process may use."""
+    """The physical cores this process may run on: one per distinct `thread_siblings_list`, as llama.cpp counts
+    them for its default `-t` (`cpu_get_num_physical_cores`), but over the CPUs of this process's affinity mask
+    only (llama.cpp looks at every CPU; a container pinned to 4 CPUs gets 4 here). A VM that shows no SMT
+    siblings (16 vCPUs, 1 thread per core) gets 16, a 2-way SMT host half its logical CPUs; where the topology
+    is not readable, the logical CPUs this process may use."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
