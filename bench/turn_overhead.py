@@ -36,7 +36,7 @@ import psutil
 from bench import provenance
 from bench.launch import Served, default_model_path, gateway_config, llamacpp_model_entry, start_gateway
 from bench.processes import free_port
-from bench.session_replay import start_config_gateways, stream_request
+from bench.session_replay import Streamed, start_config_gateways, stream_request
 from bench.sessions import SESSION_KINDS, AgentSession, SessionKind, Turn, one_turn_body
 
 MODEL = "smollm2-135m"
@@ -68,17 +68,25 @@ class TurnCost:
         return self.repeat_ttft_ms - self.one_turn_repeat_ttft_ms
 
 
-async def _timed(client: httpx.AsyncClient, base: str, turn: Turn, body: dict[str, Any], repeats: int) -> tuple[
-        Any, float | None, float | None]:  # fmt: skip
-    """The first send's result and TTFT, and the median TTFT of `repeats` more (ms)."""
-    first = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
+@dataclass
+class Sends:
+    """One request sent once and then `repeats` times: the first send's TTFT, the repeats' median (ms), and the
+    last send (its usage: the prompt as a repeat finds it)."""
+
+    first_ms: float | None
+    repeat_ms: float | None
+    last: Streamed
+
+
+async def _timed(client: httpx.AsyncClient, base: str, turn: Turn, body: dict[str, Any], repeats: int) -> Sends:
+    last = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
+    first_ms = None if last.ttft_s is None else last.ttft_s * 1000
     ttfts = []
     for _ in range(repeats):
-        got = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
-        if got.ttft_s is not None:
-            ttfts.append(got.ttft_s * 1000)
-    first_ms = None if first.ttft_s is None else first.ttft_s * 1000
-    return first, first_ms, statistics.median(ttfts) if ttfts else None
+        last = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
+        if last.ttft_s is not None:
+            ttfts.append(last.ttft_s * 1000)
+    return Sends(first_ms, statistics.median(ttfts) if ttfts else None, last)
 
 
 async def measure_kind(base: str, model: str, kind: SessionKind, turns: int, repeats: int) -> list[TurnCost]:
@@ -87,13 +95,10 @@ async def measure_kind(base: str, model: str, kind: SessionKind, turns: int, rep
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=False) as client:
         turn = session.first_turn()
         for i in range(turns):
-            _, first_ms, repeat_ms = await _timed(client, base, turn, turn.body, repeats)
-            # the repeat's usage: the last send's (every repeat sends the same body)
-            last = await stream_request(client, base, turn.api, turn.path, turn.headers, turn.body)
-            one = one_turn_body(turn.api, model, turn.new_text, 4)
-            one_first, _, one_repeat_ms = await _timed(client, base, turn, one, repeats)
-            costs.append(TurnCost(kind, i + 1, last.prompt_tokens, last.cached_tokens, first_ms, repeat_ms,
-                                  one_first.prompt_tokens, one_repeat_ms))  # fmt: skip
+            sent = await _timed(client, base, turn, turn.body, repeats)
+            one = await _timed(client, base, turn, one_turn_body(turn.api, model, turn.new_text, 4), repeats)
+            costs.append(TurnCost(kind, i + 1, sent.last.prompt_tokens, sent.last.cached_tokens, sent.first_ms,
+                                  sent.repeat_ms, one.last.prompt_tokens, one.repeat_ms))  # fmt: skip
             if i + 1 < turns:
                 turn = session.next_turn(ANSWER)
     return costs
