@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.llamacpp import cpu_features
+from backends.llamacpp.worker.prompt_tokens import Special
 
 # The bindings' annotations are partial and partly wrong (ctypes pointers, c_char_p); treat them as
 # untyped here and keep every call in this module (and `sampler`, which uses this `lib`).
@@ -28,6 +29,8 @@ log = logging.getLogger("voltgate.worker")
 _LOG_WARN = 3
 _LOG_ERROR = 4
 _LOG_CONT = 5  # ggml_log_level (ggml.h): DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+
+_PARSED_ATTRS = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
 
 # ggml_type values for the KV cache (ggml.h).
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
@@ -132,6 +135,50 @@ def token_piece(vocab: Any, token: int, *, special: bool) -> bytes:
     return buf.raw[: max(n, 0)]
 
 
+def tokenize(vocab: Any, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+    data = text.encode("utf-8")
+    capacity = len(data) + 8
+    buf = (lib.llama_token * capacity)()
+    n = int(lib.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special))
+    if n < 0:
+        capacity = -n
+        buf = (lib.llama_token * capacity)()
+        n = int(lib.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special))
+    if n < 0:
+        raise NativeError("tokenization failed")
+    return list(buf[:n])
+
+
+def vocab_specials(vocab: Any) -> dict[int, Special]:
+    """The tokens llama.cpp's tokenizer finds in text by itself, by id: control, user-defined and unknown
+    ones (llama-vocab.cpp's `cache_special_tokens`), as the vocabulary writes them."""
+    found: dict[int, Special] = {}
+    for token in range(int(lib.llama_vocab_n_tokens(vocab))):
+        attr = int(lib.llama_vocab_get_attr(vocab, token))
+        if attr & _PARSED_ATTRS:
+            text = lib.llama_vocab_get_text(vocab, token) or b""
+            found[token] = Special(text.decode("utf-8", "replace"), bool(attr & lib.LLAMA_TOKEN_ATTR_LSTRIP))
+    return found
+
+
+def vocab_cuttable(vocab: Any) -> bool:
+    """Whether a text cut before a special token tokenizes as its parts do (`prompt_tokens`): SPM and BPE
+    vocabularies that append no end-of-sequence token."""
+    kind = int(lib.llama_vocab_type(vocab))
+    return kind in (lib.LLAMA_VOCAB_TYPE_SPM, lib.LLAMA_VOCAB_TYPE_BPE) and not lib.llama_vocab_get_add_eos(vocab)
+
+
+def load_vocab(path: Path) -> Any:
+    """A GGUF's vocabulary alone (no weights; free it with `lib.llama_model_free`): for checks and benchmarks."""
+    init_backend()
+    mparams = lib.llama_model_default_params()
+    mparams.vocab_only = True
+    model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise NativeError(f"failed to load the vocabulary of {path}")
+    return model
+
+
 class _BuftOverride(ctypes.Structure):
     """llama.h's `llama_model_tensor_buft_override`: tensors whose name matches `pattern` go to `buft`."""
 
@@ -222,17 +269,7 @@ class Model:
     # --- vocabulary -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (lib.llama_token * capacity)()
-        n = int(lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special))
-        if n < 0:
-            capacity = -n
-            buf = (lib.llama_token * capacity)()
-            n = int(lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special))
-        if n < 0:
-            raise NativeError("tokenization failed")
-        return list(buf[:n])
+        return tokenize(self._vocab, text, add_special=add_special, parse_special=parse_special)
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (special tokens render empty unless `special`)."""
@@ -253,6 +290,13 @@ class Model:
 
     def special_text(self, token: int) -> str:
         return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
+
+    def specials(self) -> dict[int, Special]:
+        return vocab_specials(self._vocab)
+
+    @property
+    def cuttable(self) -> bool:
+        return vocab_cuttable(self._vocab)
 
     # --- KV memory --------------------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ placeholder id at each image position (`vision.cache_tokens`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
+from backends.llamacpp.worker.prompt_tokens import Lru, PieceTokenizer, Tokenize, checked_tokenizer
 from backends.llamacpp.worker.reasoning import (
     HARMONY_ANALYSIS,
     HARMONY_CALL_OPEN,
@@ -34,7 +36,24 @@ from backends.llamacpp.worker.tickets import ImageSpan
 from backends.llamacpp.worker.tools import SchemaGrammarError, ToolFormat, select_format
 from backends.llamacpp.worker.vision import ImageChunk, RgbImage, VisionError, VisionProjector, cache_tokens
 from backends.llamacpp.worker.wire import format_grammar
-from backends.request import IMAGE_MARKER, EngineImage, EngineRequest, NamedToolChoice
+from backends.request import IMAGE_MARKER, EngineImage, EngineRequest, NamedToolChoice, Tool
+
+log = logging.getLogger("voltgate.worker")
+
+TOOL_GRAMMARS = 16
+"""Tool grammars kept (`PromptBuilder._tool_grammar`): a few agents' tool sets, each with and without a forced call."""
+
+
+def _one(_: object) -> int:
+    return 1
+
+
+def _sample_messages(system_role: bool) -> list[dict[str, str]]:
+    """A short conversation to find a template's message markers by (`PromptBuilder._piece_tokenizer`)."""
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    turns = [{"role": "user", "content": text}, {"role": "assistant", "content": text}]
+    head = [{"role": "system", "content": text}] if system_role else []
+    return [*head, *turns, *turns, {"role": "user", "content": text}]
 
 
 class PromptError(Exception):
@@ -83,6 +102,25 @@ class PromptBuilder:
         self.reasoning = select_reasoning(source)
         self._specials = self._special_ids(self.tool_format.preserved_tokens)
         self._thinking_specials = self._special_ids(self.reasoning.preserved_tokens)
+        self.pieces = self._piece_tokenizer()
+        self._tool_grammars: Lru[tuple[bool, bool, str], tuple[str, tuple[str, ...]]] = Lru(TOOL_GRAMMARS, _one)
+
+    def _piece_tokenizer(self) -> PieceTokenizer:
+        """The prompt's tokenizer: whole texts, or cut before the template's message markers (`prompt_tokens`)."""
+        model = self._model
+
+        def whole(text: str, add_special: bool) -> list[int]:
+            return model.tokenize(text, add_special=add_special)
+
+        sample = None
+        if model.cuttable:
+            try:
+                sample = self.template.render(_sample_messages(self.template.supports_system_role))
+            except Exception as exc:  # a template that refuses the sample (or breaks on it): no cuts, no failure
+                log.info("the chat template refused a sample conversation (%s): prompts are tokenized whole", exc)
+        pieces = checked_tokenizer(whole, sample, model.specials() if sample else {})
+        log.info("prompts tokenized %s", f"in pieces before {list(pieces.anchors)}" if pieces.anchors else "whole")
+        return pieces
 
     def _special_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
         """The token ids of a tool syntax's markers that are special tokens (rendered empty by default)."""
@@ -115,7 +153,7 @@ class PromptBuilder:
         if request.images:
             tokens, images = self._with_images(text, add_bos, request.images)
         else:
-            tokens = self._tokens(text, add_bos)
+            tokens = self._tokens(text, add_bos, self.pieces)
         if not tools:
             try:
                 grammar = format_grammar(request)
@@ -128,13 +166,27 @@ class PromptBuilder:
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         if forced:  # with a budget of 0 the grammar admits no thinking (harmony: the prompt skipped none)
             grammar_start = "answer" if request.thinking_budget_tokens == 0 else start
-            grammar, triggers = after_thinking(fmt.grammar(tools, parallel=parallel), (), self.reasoning, grammar_start)
+            grammar, triggers = after_thinking(
+                *self._tool_grammar(tools, parallel, True), self.reasoning, grammar_start
+            )
         else:  # "auto": free text, but a call, once opened, is held to the tools' schemas
-            grammar, triggers = after_thinking(*fmt.lazy_grammar(tools, parallel), self.reasoning, start)
+            grammar, triggers = after_thinking(*self._tool_grammar(tools, parallel, False), self.reasoning, start)
         names = tuple(t.function.name for t in tools)
         tools_of = (fmt, names, forced)
         budget = request.thinking_budget_tokens
         return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images, tools=tools_of)
+
+    def _tool_grammar(self, tools: Sequence[Tool], parallel: bool, forced: bool) -> tuple[str, tuple[str, ...]]:
+        """The tools' call grammar (forced: with no trigger; else lazy, with its triggers), kept by the tools'
+        JSON: an agent sends the same tools every turn, and turning their schemas into a grammar took Claude
+        Code's 7 ms a turn on a CI core (`bench/results/2026-12-06-turn-overhead-cpu/`)."""
+        key = (parallel, forced, "\n".join(tool.model_dump_json() for tool in tools))
+        kept = self._tool_grammars.get(key)
+        if kept is None:
+            fmt = self.tool_format
+            kept = (fmt.grammar(tools, parallel=parallel), ()) if forced else fmt.lazy_grammar(tools, parallel)
+            self._tool_grammars.put(key, kept)
+        return kept
 
     def _prepared(
         self,
@@ -229,8 +281,8 @@ class PromptBuilder:
             raise PromptError("the prompt must not end with an image", "messages")
         return tokens, tuple(spans)
 
-    def _tokens(self, text: str, add_bos: bool) -> list[int]:
-        tokens = self._model.tokenize(text, add_special=add_bos)
+    def _tokens(self, text: str, add_bos: bool, tokenize: Tokenize | None = None) -> list[int]:
+        tokens = tokenize(text, add_bos) if tokenize else self._model.tokenize(text, add_special=add_bos)
         if not tokens and self._model.bos_id >= 0:
             tokens = [self._model.bos_id]
         return tokens
