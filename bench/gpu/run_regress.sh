@@ -25,7 +25,8 @@
 #                                their logprobs printed (what the model gives on CUDA: text, or empty/special tokens)
 #   pvm:S1,S2                    bench.gpu.predict_vs_measure --only S1 S2 (pvm-scenarios.yaml), into out/<date>-pvm-S1
 #   bench                        bench.gpu.regress with REGRESS_ARGS, into out/<date>-gpu-regress
-#   bench:P1,P2                  bench.gpu.regress --only P1 P2, into out/<date>-gpu-regress-P1
+#   bench:P1,P2                  bench.gpu.regress --only P1 P2 $PAIR_ARGS (e.g. "--requests 16 --output-tokens 128" where
+#                                device time is short), into out/<date>-gpu-regress-P1
 #   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
 #                                a V100-32GB, session-gguf-7b*.yaml held to a V100-16GB), into out/<date>-session-replay-*
 #   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, the configs' 3 x
@@ -277,7 +278,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     gguf) step_gguf ;;
     server) step_server ;;
     bench) step_bench "" ${REGRESS_ARGS:-} ;;
-    bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ;;
+    bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ${PAIR_ARGS:-} ;;
     sessions:*) step_sessions "${step#sessions:}" ;;
     turns:gguf) step_turns gguf ;;
     reasoning:tm) step_reasoning_tm ;;
