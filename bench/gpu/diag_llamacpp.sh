@@ -11,7 +11,7 @@ OUT=${1:?out dir}
 exec > >(tee -a "$OUT/diag.log") 2>&1
 stamp() { echo "== [$(date +%T) +${SECONDS}s] $*"; }
 stamp start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl .gpu/pack/whl/*.whl > /dev/null 2>&1
+bash bench/gpu/install_extra.sh; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/pack/whl/*.whl > /dev/null 2>&1
 (bash .gpu/setup_device.sh .gpu/pack lmdeploy > /tmp/setup_lmdeploy.log 2>&1) & SETUP=$!
 export PYTHONPATH=$PWD:/tmp/site2:/tmp/gpu/src/llama_cpp_python-0.3.36 PYTHONFAULTHANDLER=1 PYTHONUNBUFFERED=1
 python3 -m bench.gpu.bert_gguf /tmp/bert.gguf

@@ -10,8 +10,11 @@
 #   .gpu/tokenizer.gguf
 #                    the embedded SmolLM2's tokenizer alone (bench/gpu/make_moe_gguf.py --tokenizer-only): the MoE
 #                    GGUF's vocabulary, so run_regress.sh's `moegguf` step needs no other GGUF and runs beside the build
-#   .gpu/extra/      the gateway's runtime wheels for the image's Python 3.12, at this venv's versions (not openai:
-#                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/)
+#   .gpu/site2.tar.xz
+#                    the gateway's runtime packages for the image's Python 3.12, at this venv's versions (not openai:
+#                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/), and py-spy, installed
+#                    into site2/ and xz-compressed (bench/gpu/install_extra.sh unpacks it to /tmp/site2): 15.8 MB
+#                    where the wheels were 22 MB, and a device call carries at most 64 MiB with the checkout
 # `.gpu/` is git-ignored (.gitignore); a device call carries it with `carry: [".gpu"]`.
 #
 # Usage: PY=.venv/bin/python bash bench/gpu/prepare_regress_pack.sh [SHARED_GPU_DIR]   (default /work/shared/gpu)
@@ -27,7 +30,7 @@ PKGS="fastapi opentelemetry-api starlette uvicorn uvloop httptools httpx httpcor
   safetensors psutil pillow tqdm importlib-metadata zipp"
 # a package this venv lacks is skipped (`|| true`: under pipefail its failed `pip show` would end the script)
 PINS=$(for p in $PKGS; do "$PY" -m pip show "$p" 2> /dev/null | awk -v n="$p" '/^Version:/ {print n "==" $2}' || true; done)
-rm -rf .gpu/extra && mkdir -p .gpu/extra
+rm -rf .gpu/extra .gpu/site2.tar.xz && mkdir -p .gpu/extra
 # shellcheck disable=SC2086
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -35,6 +38,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 # py-spy, for bench.turn_overhead's profile on the GPU machine (`turns:gguf`): a static binary, /tmp/site2/bin/py-spy
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .gpu/extra py-spy==0.4.3
+SITE=$(mktemp -d)
+python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --target "$SITE/site2" .gpu/extra/*.whl
+XZ_OPT="-9 -T0" tar -cJf .gpu/site2.tar.xz -C "$SITE" site2 && rm -rf "$SITE" .gpu/extra
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 python3 -m pip download -q --no-deps --no-binary=:all: -d "$WORK" llama-cpp-python==0.3.36
 tar -xzf "$WORK"/llama_cpp_python-0.3.36.tar.gz -C "$WORK"

@@ -10,7 +10,7 @@ export G=/tmp/gpu
 exec > >(tee -a "$R/run_batching.log") 2>&1
 stamp() { echo "== [$(date +%T) +${SECONDS}s] $*"; }
 stamp start; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl .gpu/pack/whl/*.whl > /dev/null 2>&1
+bash bench/gpu/install_extra.sh; python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/pack/whl/*.whl > /dev/null 2>&1
 (bash .gpu/setup_device.sh .gpu/pack llama > "$R/llama_build.log" 2>&1; echo $? > $G/llama_build.rc) &
 BUILD=$!
 python3 .gpu/make_model.py $G/models/$SHAPE --shape $SHAPE > "$R/make_model.log" 2>&1

@@ -9,7 +9,7 @@
 # polling: a second call never starts a second run. A fresh machine (the last one was taken back) starts over.
 #
 # The detached run (state in /tmp/regress; "== step" lines in /tmp/regress/run.log):
-#   setup    LMDeploy pack (.gpu/setup_device.sh lmdeploy), the gateway's wheels (.gpu/extra) into /tmp/site2,
+#   setup    LMDeploy pack (.gpu/setup_device.sh lmdeploy), the gateway's packages (bench/gpu/install_extra.sh) into /tmp/site2,
 #            an `lmdeploy` command; in the background, niced: the llama-cpp-python CUDA build (our worker) and
 #            the llama-server build from .gpu/pack/llama_server_src.tar.xz (sm_90, same llama.cpp commit)
 #   models   the random-weight Llama-2-7B shape (.gpu/make_model.py 7b), then, once the build is done, its GGUF
@@ -33,8 +33,8 @@
 #                                10,240 tokens of KV q8_0, held to 16 GB; the 7B's trained context raised to 32k with
 #                                --override-kv: llama-server caps a slot at it, 4,096, and refused every agent turn)
 #   turns:gguf                   bench.turn_overhead on session-gguf-7b.yaml held to a V100-16GB: what a cached agent
-#                                turn costs besides its new tokens, py-spy on the gateway and the worker (the wheel in
-#                                .gpu/extra), into out/<date>-turn-overhead-gguf
+#                                turn costs besides its new tokens, py-spy on the gateway and the worker (packed in
+#                                .gpu/site2.tar.xz), into out/<date>-turn-overhead-gguf
 #   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
@@ -86,7 +86,7 @@ release() { [[ -n $HOLD_PID ]] && kill "$HOLD_PID" && wait "$HOLD_PID" 2> /dev/n
 step_setup() {
   [[ -f $G/env.sh ]] || bash .gpu/setup_device.sh .gpu/pack lmdeploy > "$S/setup_lmdeploy.log" 2>&1 \
     || { stamp "setup lmdeploy FAILED"; tail -30 "$S/setup_lmdeploy.log"; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+  bash bench/gpu/install_extra.sh
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
   [[ ${SKIP_LLAMA:-} == 1 ]] && { source "$G/env.sh"; return; }  # TurboMind steps only: no llama.cpp builds
   if [[ ${ONE_BUILD:-} == 1 && ! -f $G/llama_build.started ]]; then  # the worker loads the llama-server build's libs

@@ -83,7 +83,7 @@ step_setup() {
     touch $G/llama_build.started
     setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" > /dev/null 2>&1 < /dev/null &
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+  bash bench/gpu/install_extra.sh
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
   env_on
   python3 -c "import lmdeploy, gateway.app, gateway.cli; print('lmdeploy', lmdeploy.__version__)"

@@ -19,7 +19,7 @@ if [[ ${GGUF:-1} == 1 && ! -f $G/llama_build.rc ]] && ! pgrep -f "setup_device.s
   setsid nohup nice -n 10 bash -c "bash .gpu/setup_device.sh .gpu/pack llama > $G/llama_build.log 2>&1; echo \$? > $G/llama_build.rc" > /dev/null 2>&1 &
 fi
 source "$G/env.sh"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/extra/*.whl > /dev/null 2>&1
+bash bench/gpu/install_extra.sh
 export PYTHONPATH=$PWD:/tmp/site2:$PYTHONPATH PYTHONUNBUFFERED=1
 mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m lmdeploy "$@"\n' > /tmp/bin/lmdeploy && chmod +x /tmp/bin/lmdeploy
 export PATH=/tmp/bin:$PATH
