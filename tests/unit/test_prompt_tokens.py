@@ -132,3 +132,14 @@ def test_checked_tokenizer_tokenizes_whole_when_cutting_changes_the_sample() -> 
     assert checked_tokenizer(by_offset, sample, SPECIALS).anchors == ()
     assert checked_tokenizer(plain, sample, SPECIALS).anchors != ()  # the same sample, a tokenizer that cuts
     assert checked_tokenizer(plain, None, SPECIALS).anchors == ()
+
+
+def test_a_piece_of_few_tokens_weighs_its_characters() -> None:
+    def one_token(text: str, add_special: bool) -> list[int]:  # a whole piece is one token, whatever its length
+        return [7]
+
+    pieces = PieceTokenizer(one_token, ("<|im_start|>",), budget_tokens=800)
+    text = "<|im_start|>" + "a" * 3000 + "<|im_start|>" + "b" * 300
+    pieces(text, False)  # the pieces weigh 3,012 // 4 = 753 and 312 // 4 = 78: over 800 together
+    first, second = text[:3012], text[3012:]
+    assert pieces._pieces.get(first) is None and pieces._pieces.get(second) is not None

@@ -114,7 +114,15 @@ class Lru(Generic[K, V]):
 
 
 PIECE_BUDGET_TOKENS = 1 << 20
-"""Tokens kept by piece text (4 MiB of token ids): a few dozen agent sessions of 30k tokens."""
+"""Tokens kept by piece text: a few dozen agent sessions of 30k tokens. A piece weighs its token count or a
+quarter of its characters, whichever is more, so text that makes few tokens (a long run of one character) cannot
+hold more than ~4 MiB of text besides the 4 MiB of token ids."""
+
+
+def _piece_weight(item: tuple[int, array[int]]) -> int:
+    characters, tokens = item
+    return max(len(tokens), characters // 4)
+
 
 SHORT_TEXT = 256
 """Texts shorter than this are tokenized whole: nothing to gain by cutting them."""
@@ -129,7 +137,7 @@ class PieceTokenizer:
     def __init__(self, tokenize: Tokenize, anchors: Sequence[str], budget_tokens: int = PIECE_BUDGET_TOKENS) -> None:
         self._tokenize = tokenize
         self.anchors = tuple(anchors)
-        self._pieces: Lru[str, array[int]] = Lru(budget_tokens, len)
+        self._pieces: Lru[str, tuple[int, array[int]]] = Lru(budget_tokens, _piece_weight)
         # What `add_special` puts before the text (the BOS token, or nothing): no vocabulary here appends any.
         self._head = tokenize("", True) if self.anchors else []
         self.reused = 0
@@ -148,9 +156,9 @@ class PieceTokenizer:
         kept = self._pieces.get(piece)
         if kept is not None:
             self.reused += len(piece)
-            return kept
+            return kept[1]
         tokens = array("i", self._tokenize(piece, False))
-        self._pieces.put(piece, tokens)
+        self._pieces.put(piece, (len(piece), tokens))
         self.tokenized += len(piece)
         return tokens
 
