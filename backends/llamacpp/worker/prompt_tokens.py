@@ -132,7 +132,7 @@ class PieceTokenizer:
     """Tokenizes text cut before its anchors, each piece's tokens kept by the piece's text (`Lru`).
 
     With no anchors it is `tokenize` itself. `reused` and `tokenized` count the characters served from the
-    kept pieces and those tokenized (for the worker's log and tests)."""
+    kept pieces and those tokenized (for tests and benchmarks)."""
 
     def __init__(self, tokenize: Tokenize, anchors: Sequence[str], budget_tokens: int = PIECE_BUDGET_TOKENS) -> None:
         self._tokenize = tokenize
