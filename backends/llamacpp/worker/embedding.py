@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.llamacpp.worker.native import Batch, NativeError, lib, load_model, token_piece
+from backends.llamacpp.worker.native import tokenize as native_tokenize
 from backends.llamacpp.worker.prompt_bound import longest_token_bytes
 
 log = logging.getLogger("voltgate.worker")
@@ -212,15 +213,7 @@ class EmbeddingModel:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Tokens of `text`; with `add_special` the model's own framing (BERT: [CLS] ... [SEP])."""
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        for _ in range(2):
-            buf = (lib.llama_token * capacity)()
-            n = int(lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special))
-            if n >= 0:
-                return list(buf[:n])
-            capacity = -n
-        raise NativeError("tokenization failed")
+        return native_tokenize(self._vocab, text, add_special=add_special, parse_special=parse_special)
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token renders to (special tokens as their text with `special`)."""
