@@ -96,3 +96,12 @@ def test_any_text_tokenizes_in_pieces_as_whole(model: Model, parts: list[str], a
     text = "".join(parts) + "x" * 256  # past `SHORT_TEXT`: always cut
     pieces = PieceTokenizer(lambda t, add: whole(model, t, add), ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
     assert pieces(text, add_special) == whole(model, text, add_special)
+
+
+def test_a_raw_completion_prompt_goes_through_the_pieces_and_keeps_its_tokens(model: Model) -> None:
+    builder = PromptBuilder(model)
+    turn = "<|im_start|>user\n" + "Explain the cache. " * 20 + "<|im_end|>\n"
+    for n in range(1, 4):  # a raw prompt that grows like a conversation: the earlier pieces come from the kept ones
+        prompt = turn * n + "<|im_start|>assistant\n"
+        assert builder.prepare(EngineRequest(model="m", prompt=prompt)).tokens == whole(model, prompt, model.add_bos)
+    assert builder.pieces.reused > 0

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.llamacpp.worker.native import Model
-from backends.llamacpp.worker.prompt_tokens import Lru, PieceTokenizer, Tokenize, checked_tokenizer
+from backends.llamacpp.worker.prompt_tokens import Lru, PieceTokenizer, checked_tokenizer
 from backends.llamacpp.worker.reasoning import (
     HARMONY_ANALYSIS,
     HARMONY_CALL_OPEN,
@@ -153,7 +153,7 @@ class PromptBuilder:
         if request.images:
             tokens, images = self._with_images(text, add_bos, request.images)
         else:
-            tokens = self._tokens(text, add_bos, self.pieces)
+            tokens = self._tokens(text, add_bos)
         if not tools:
             try:
                 grammar = format_grammar(request)
@@ -281,8 +281,9 @@ class PromptBuilder:
             raise PromptError("the prompt must not end with an image", "messages")
         return tokens, tuple(spans)
 
-    def _tokens(self, text: str, add_bos: bool, tokenize: Tokenize | None = None) -> list[int]:
-        tokens = tokenize(text, add_bos) if tokenize else self._model.tokenize(text, add_special=add_bos)
+    def _tokens(self, text: str, add_bos: bool) -> list[int]:
+        """`text`'s tokens through the piece tokenizer (a raw completion prompt too: exact by the same rule)."""
+        tokens = self.pieces(text, add_bos)
         if not tokens and self._model.bos_id >= 0:
             tokens = [self._model.bos_id]
         return tokens
