@@ -29,9 +29,10 @@
 #                                device time is short), into out/<date>-gpu-regress-P1
 #   sessions:tm | sessions:gguf  bench.session_replay --gpu, caching on then off (configs session-tm-7b*.yaml held to
 #                                a V100-32GB, session-gguf-7b*.yaml held to a V100-16GB), into out/<date>-session-replay-*
-#   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, the configs' 3 x
-#                                10,240 tokens of KV q8_0, held to 16 GB; the 7B's trained context raised to 32k with
-#                                --override-kv: llama-server caps a slot at it, 4,096, and refused every agent turn)
+#   sessions:llama-server        the same sessions against llama-server --cache-ram 8192 (Q4_K_M, 2 slots of 16,384
+#                                tokens of KV q8_0, held to 16 GB: its own rendering of the same turns is 12-15k tokens,
+#                                so the configs' 3 x 10,240 refused Claude Code's and Open WebUI's; the 7B's trained
+#                                context raised to 32k with --override-kv: llama-server caps a slot at it, 4,096)
 #   turns:gguf                   bench.turn_overhead on session-gguf-7b.yaml held to a V100-16GB: what a cached agent
 #                                turn costs besides its new tokens, py-spy on the gateway and the worker (packed in
 #                                .gpu/site2.tar.xz), into out/<date>-turn-overhead-gguf
@@ -193,7 +194,7 @@ step_sessions() {  # $1: tm | gguf | llama-server
     llama-server)
       [[ -x $SERVER ]] || { stamp "no llama-server"; return; }
       hold 16160
-      "$SERVER" -m "$G/gguf/7b-q4_k_m.gguf" -a llama2-7b -np 3 -c 30720 --override-kv llama.context_length=int:32768 -ngl 999 -fa on -ctk q8_0 -ctv q8_0 --cache-ram 8192 --jinja \
+      "$SERVER" -m "$G/gguf/7b-q4_k_m.gguf" -a llama2-7b -np 2 -c 32768 --override-kv llama.context_length=int:32768 -ngl 999 -fa on -ctk q8_0 -ctv q8_0 --cache-ram 8192 --jinja \
         --host 127.0.0.1 --port 8089 > "$S/llama-server-sessions.log" 2>&1 &
       local pid=$!
       for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8089/health > /dev/null && break; sleep 1; done
