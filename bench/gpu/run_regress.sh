@@ -36,6 +36,12 @@
 #   turns:gguf                   bench.turn_overhead on session-gguf-7b.yaml held to a V100-16GB: what a cached agent
 #                                turn costs besides its new tokens, py-spy on the gateway and the worker (packed in
 #                                .gpu/site2.tar.xz), into out/<date>-turn-overhead-gguf
+#   hybrid:gguf                  issue 39: a hybrid model's context checkpoints on CUDA: bench.hybrid_checkpoints_cpu --gpu
+#                                (the tiny random-weight Qwen3-Next, every layer on the GPU, checkpoints on vs off,
+#                                its vocabulary from .gpu/tokenizer.gguf), into out/<date>-hybrid-checkpoints-gpu
+#   sessions:gguf-f16kv          issue 41: the llama.cpp session replay with KV f16 (2 slots of 10,240: the plan's f16
+#                                fit) where sessions:gguf's plan takes q8_0, caching on only: how much of a cached
+#                                turn's extra over a one-turn prompt is attention over a quantized KV
 #   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
@@ -191,6 +197,7 @@ step_sessions() {  # $1: tm | gguf | llama-server
           --off-config bench/gpu/configs/session-tm-7b-off.yaml ;;
     gguf) hold 16160; "${replay[@]}" --gpu --config bench/gpu/configs/session-gguf-7b.yaml \
           --off-config bench/gpu/configs/session-gguf-7b-off.yaml ;;
+    gguf-f16kv) hold 16160; "${replay[@]}" --gpu --config bench/gpu/configs/session-gguf-7b-f16kv.yaml ;;
     llama-server)
       [[ -x $SERVER ]] || { stamp "no llama-server"; return; }
       hold 16160
@@ -203,6 +210,15 @@ step_sessions() {  # $1: tm | gguf | llama-server
   esac
   stamp "sessions $1 exit $?"
   release
+}
+
+step_hybrid() {  # issue 39: context checkpoints of a hybrid (delta-net + attention) model on CUDA
+  local out=$S/out/$(date -u +%F)-hybrid-checkpoints-gpu
+  mkdir -p "$out"
+  python3 -m bench.hybrid_checkpoints_cpu --gpu --threads 4 --tokenizer .gpu/tokenizer.gguf --out "$out/results.json" \
+    --log-dir "$out/logs" > "$out/output.txt" 2>&1
+  stamp "hybrid gguf exit $?"
+  tail -6 "$out/output.txt"; grep -h "buffer size" "$out"/logs/*.log | sort | uniq -c | head
 }
 
 step_turns() {  # $1: gguf
@@ -282,6 +298,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ${PAIR_ARGS:-} ;;
     sessions:*) step_sessions "${step#sessions:}" ;;
     turns:gguf) step_turns gguf ;;
+    hybrid:gguf) step_hybrid ;;
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
