@@ -80,7 +80,9 @@ def test_client_disconnect_mid_stream_frees_the_worker(gateway: Gateway) -> None
     while worker_health(gateway)["aborted_total"] == before["aborted_total"] and time.monotonic() < deadline:
         time.sleep(0.1)
     after = worker_health(gateway)
-    assert after["aborted_total"] == before["aborted_total"] + 1, after
+    # On failure, what the gateway and its worker logged (the access line's status, the worker's end reason):
+    # this failed once in CI (2026-12-06, 1 of ~20 runs) and not in 20 runs here, so the log is the evidence.
+    assert after["aborted_total"] == before["aborted_total"] + 1, (after, gateway.log()[-4000:])
     # ... long before the 900 tokens it was asked for, and its slot must be free: nothing runs or waits.
     assert after["generation_tokens_total"] - before["generation_tokens_total"] < 900
     assert (after["slots_busy"], after["queue_depth"]) == (0, 0), after
