@@ -9,7 +9,7 @@ ends inside the slot's cached tokens. Turns stream from `/v1/completions` with u
 token's arrival: the turn's prefill), cached prompt tokens. The two series alternate turn by turn so the
 machine's drift hits them alike. `--gpu` puts every layer on the GPU (CUDA builds: the GPU machine's
 `hybrid:gguf` step of bench/gpu/run_regress.sh), where the delta nets' state is saved from and restored to
-device memory; the log folder keeps each worker's log (llama.cpp's KV and recurrent-state buffer sizes).
+device memory; `--log-dir` keeps each worker's log (its startup line and llama.cpp's warnings).
 """
 
 from __future__ import annotations

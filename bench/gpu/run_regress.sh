@@ -218,7 +218,7 @@ step_hybrid() {  # issue 39: context checkpoints of a hybrid (delta-net + attent
   python3 -m bench.hybrid_checkpoints_cpu --gpu --threads 4 --tokenizer .gpu/tokenizer.gguf --out "$out/results.json" \
     --log-dir "$out/logs" > "$out/output.txt" 2>&1
   stamp "hybrid gguf exit $?"
-  tail -6 "$out/output.txt"; grep -h "buffer size" "$out"/logs/*.log | sort | uniq -c | head
+  tail -6 "$out/output.txt"; grep -h "loaded model" "$out"/logs/*.log
 }
 
 step_turns() {  # $1: gguf
