@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import statistics
 import tempfile
 import time
@@ -46,10 +47,11 @@ def start(model: Path, checkpoints: int, threads: int, log_dir: Path, gpu: bool 
 
 def turn(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            "logprobs": True, "top_logprobs": 2, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     begin = time.perf_counter()
     ttft: float | None = None
     text: list[str] = []
+    top: list[dict[str, float]] = []  # each generated token's two likeliest, with their logprobs
     usage: dict[str, Any] = {}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
         response.raise_for_status()
@@ -61,10 +63,23 @@ def turn(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
                 if choice.get("text"):
                     ttft = ttft if ttft is not None else time.perf_counter() - begin
                     text.append(choice["text"])
+                top += (choice.get("logprobs") or {}).get("top_logprobs") or []
             usage = event.get("usage") or usage
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"ttft_s": round(ttft or 0.0, 4), "prompt": usage.get("prompt_tokens"), "cached": cached,
-            "text": "".join(text)}  # fmt: skip
+            "text": "".join(text), "top": top}  # fmt: skip
+
+
+def divergence(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any] | None:
+    """Where two answers to one prompt part: the token's index and each side's two likeliest tokens there
+    (a near tie, a few hundredths of a logprob apart, is float rounding: the GPU's kernels add in another
+    order for a prefill of 50 tokens than for one of 3,800; a wide gap would be a wrong state)."""
+    for index, (a, b) in enumerate(zip(on["top"], off["top"], strict=False)):
+        if max(a, key=a.__getitem__) != max(b, key=b.__getitem__):
+            gap = {label: round(abs(operator.sub(*sorted(top.values(), reverse=True)[:2])), 4)
+                   for label, top in (("on", a), ("off", b)) if len(top) > 1}  # fmt: skip
+            return {"session": on["session"], "turn": on["turn"], "token": index, "on": a, "off": b, "top2_gap": gap}
+    return None
 
 
 def first_prompt(words: int, session: int) -> str:
@@ -101,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 for label, (_, url) in series.items():
                     reply = turn(url, prompts[label], args.max_tokens)
                     results[label].append({"session": session, "turn": number, **reply})
-                    prompts[label] += (
-                        f" <answer>{reply['text'].strip()}</answer>\nUser: next step {number}.\nAssistant:"
-                    )
+                answer = results["on"][-1]["text"].strip()  # both go on from one answer: like for like
+                for label in prompts:
+                    prompts[label] += f" <answer>{answer}</answer>\nUser: next step {number}.\nAssistant:"
         health = {
             label: httpx.get(f"{url}/health", timeout=10).json()["checkpoints"] for label, (_, url) in series.items()
         }
@@ -117,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
               f"prompt {statistics.median(r['prompt'] for r in later):.0f} tokens, "
               f"cached {statistics.median(r['cached'] for r in later):.0f}")  # fmt: skip
         print(f"     checkpoints: {health[label]}")
-    same = all(a["text"] == b["text"] for a, b in zip(results["on"], results["off"], strict=True))
+    pairs = list(zip(results["on"], results["off"], strict=True))
+    same = all(a["text"] == b["text"] for a, b in pairs)
     print(f"greedy answers identical on vs off: {same}")
+    splits = [split for a, b in pairs if (split := divergence(a, b)) is not None]
+    for split in splits:
+        print(f"     differ: {split}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"results": results, "health": health, "same_text": same}, indent=1))
+        raw = {"results": results, "health": health, "same_text": same, "divergences": splits}
+        args.out.write_text(json.dumps(raw, indent=1))
     return 0 if same else 1
 
 

@@ -109,3 +109,22 @@ def test_with_one_slot_the_prefix_comes_back_from_host_memory(
         print(f"\n(prompt, cached) tokens per message, 1 slot: cache on {measured['2048']}, off {measured['0']}")
     assert_prefix_kept(measured["2048"])
     assert all(cached < 64 for _, cached in measured["0"][1:]), measured["0"]
+
+
+def test_an_ended_longer_conversation_does_not_hold_its_slot_against_the_live_one(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """Two slots, host cache off (so every state is precious, as one too large for the cache is): a longer
+    conversation that has ended holds one slot. The live chat's tasks must overwrite it, not the chat: the
+    GPU replay of 2 slots of KV f16 lost Open WebUI's whole context every turn so."""
+    ended = "These are the rules of the catalogue. " + " ".join(
+        f"Rule {i}: an order for part {i} ships from depot {i % 7} within {i % 5 + 1} days." for i in range(90)
+    )
+    worker = boot(smollm2_path, tmp_path / "worker.log", "--slots", "2", "--prompt-cache-mib", "0")
+    try:
+        before = chat(worker.url, [{"role": "system", "content": ended}, {"role": "user", "content": "Rule 3?"}])
+        measured = replay(worker.url, 2)
+    finally:
+        stop(worker.process)
+    assert before["usage"]["prompt_tokens"] > measured[0][0] + 64, (before["usage"], measured)
+    assert_prefix_kept(measured)

@@ -46,7 +46,7 @@ from backends.llamacpp.worker.native import Batch, Model, NativeError
 from backends.llamacpp.worker.picking import Pick, TokenPicker
 from backends.llamacpp.worker.prompt_cache import HostPrompts, PromptCache, SavePolicy
 from backends.llamacpp.worker.sampler import Sampler
-from backends.llamacpp.worker.slots import Origin, Run, SeqState, Slot, common_prefix_len, fillers, pick_slot, run_order
+from backends.llamacpp.worker.slots import Origin, Run, SeqState, Slot, common_prefix_len, fillers, run_order, take_slot
 from backends.llamacpp.worker.slow_lane import DEFAULT_GRAMMAR_STEP_LIMIT_S, SlowLane, is_heavy
 from backends.llamacpp.worker.tickets import (
     Failed,
@@ -75,7 +75,8 @@ class Scheduler:
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
     A free slot keeps its sequence's KV; a new prompt goes to the free slot that keeps the most cached
     work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
-    shares nothing goes to the emptiest slot), and only the rest is prefilled. KV that a prompt overwrites
+    shares nothing goes to the emptiest slot; losses weighed by how recently each slot was used), and only
+    the rest is prefilled. KV that a prompt overwrites
     may be saved to host memory and loaded back later (`prompt_cache`). `fill_gaps`: see the module
     docstring. `sampling_threads`: see `picking`. `ctx_checkpoints`: per slot, for a recurrent or hybrid
     model only (`checkpoints`: a dense one gets no `_ckpt`, so every hook is skipped); 0 = off.
@@ -264,7 +265,7 @@ class Scheduler:
 
     def _admit(self, ticket: Ticket, group: int) -> None:
         prompt = ticket.request.prompt
-        slot = pick_slot(self._slots, prompt, self._host.precious)
+        slot = take_slot(self._slots, prompt, self._host.precious)
         self._host.prepare(slot, prompt)  # saves the slot's KV it overwrites, or loads a longer saved prefix
         # Keep the shared prefix, but always prefill at least one token: its logits start generation.
         shared = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)

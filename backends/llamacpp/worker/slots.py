@@ -40,6 +40,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # by position
     busy: bool = False
     origin: Origin | None = None  # set when a request is admitted into it
+    used: int = 0  # the worker's admission count when a request was last admitted into it (0: never)
 
 
 class Emitted(NamedTuple):
@@ -186,9 +187,16 @@ def pick_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[
     tokens, the one with the least cached first. A slot the prompt shares a prefix with is weighed as
     always (reuse less loss), so a short state is not wiped for a few shared tokens while an empty slot is
     free. None: every slot's tokens are precious.
+
+    Where every choice loses work, the loss is weighed by how recently the slot was used: divided by one
+    plus the admissions since (`Slot.used`; llama.cpp's server takes the least recently used slot here). A
+    session's context just used outweighs an older, larger one; without it a state too large for the host
+    cache, whose session has ended, would hold its slot for good while each of a frontend's tasks overwrote
+    the live conversation in the other (2 slots, KV f16: `bench/results/2026-12-06-gpu-sessions-h200-ab32d6e/`).
     """
     best: Slot | None = None
-    best_key = (0, 0)
+    best_key: tuple[float, int] = (0, 0)
+    newest = max((slot.used for slot in slots), default=0)
     for slot in slots:  # ascending ids
         if slot.busy:
             continue
@@ -197,11 +205,19 @@ def pick_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[
             reuse = 0
         lost = len(slot.cached) - reuse  # cached tokens the new prompt overwrites
         cheap = reuse == 0 and precious is not None and not precious(slot)
-        key = (0, -lost) if cheap else (reuse - lost, 0)
+        net = reuse - lost
+        key = (0, -lost) if cheap else (net if net >= 0 else net / (1 + newest - slot.used), 0)
         if best is None or key > best_key:
             best, best_key = slot, key
     assert best is not None, "admitted without a free slot"
     return best
+
+
+def take_slot(slots: Sequence[Slot], prompt: Sequence[int], precious: Callable[[Slot], bool] | None = None) -> Slot:
+    """`pick_slot`'s choice, marked as the most recently used (`Slot.used`)."""
+    slot = pick_slot(slots, prompt, precious)
+    slot.used = max(other.used for other in slots) + 1
+    return slot
 
 
 def fillers(slots: Sequence[Slot], runs: Sequence[Run], room: int, n_ctx: int, token: int) -> list[Run]:
