@@ -74,12 +74,11 @@ class Scheduler:
     Each engine step decodes one token for every generating sequence plus as many pending prompt
     tokens as fit in `n_batch` (chunked prefill), so a new request starts while others stream.
     A free slot keeps its sequence's KV; a new prompt goes to the free slot that keeps the most cached
-    work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites; a prompt that
-    shares nothing goes to the emptiest slot; losses weighed by how recently each slot was used), and only
-    the rest is prefilled. KV that a prompt overwrites may be saved to host memory and loaded back later
-    (`prompt_cache`). `fill_gaps`: see the module docstring. `sampling_threads`: see `picking`.
-    `ctx_checkpoints`: per slot, for a recurrent or hybrid model only (`checkpoints`: a dense one gets no
-    `_ckpt`, so every hook is skipped); 0 = off.
+    work (`slots.pick_slot`: the longest shared prefix, less the cached tokens it overwrites, a loss weighed
+    by how recently the slot was used), and only the rest is prefilled. KV that a prompt overwrites may be
+    saved to host memory and loaded back (`prompt_cache`). `fill_gaps`: the module docstring; `sampling_threads`:
+    `picking`; `ctx_checkpoints`: per slot, for a recurrent or hybrid model only (`checkpoints`: a dense one
+    gets no `_ckpt`, so every hook is skipped); 0 = off.
     """
 
     def __init__(
