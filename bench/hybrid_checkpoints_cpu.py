@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import operator
 import statistics
 import tempfile
 import time
@@ -71,15 +70,20 @@ def turn(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 
 def divergence(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any] | None:
-    """Where two answers to one prompt part: the token's index and each side's two likeliest tokens there
-    (a near tie, a few hundredths of a logprob apart, is float rounding: the GPU's kernels add in another
-    order for a prefill of 50 tokens than for one of 3,800; a wide gap would be a wrong state)."""
+    """Where two answers to one prompt part: the token's index and each side's two likeliest tokens there,
+    and how far apart those two were. A near tie (hundredths of a logprob) is float rounding: a restored turn
+    decoded its previous answer one token at a time, a full prefill in one batch, and a GPU's kernels sum
+    those in another order; a wrong state would part far from any tie."""
     for index, (a, b) in enumerate(zip(on["top"], off["top"], strict=False)):
         if max(a, key=a.__getitem__) != max(b, key=b.__getitem__):
-            gap = {label: round(abs(operator.sub(*sorted(top.values(), reverse=True)[:2])), 4)
-                   for label, top in (("on", a), ("off", b)) if len(top) > 1}  # fmt: skip
+            gap = {label: _top_two_gap(top) for label, top in (("on", a), ("off", b)) if len(top) > 1}
             return {"session": on["session"], "turn": on["turn"], "token": index, "on": a, "off": b, "top2_gap": gap}
     return None
+
+
+def _top_two_gap(top: dict[str, float]) -> float:
+    first, second = sorted(top.values(), reverse=True)[:2]
+    return round(first - second, 4)
 
 
 def first_prompt(words: int, session: int) -> str:
