@@ -115,14 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     try:
         for session in range(args.sessions):
-            prompts = {label: first_prompt(args.words, session) for label in series}
+            prompt = first_prompt(args.words, session)  # one for both series: like for like
             for number in range(1, args.turns + 1):
                 for label, (_, url) in series.items():
-                    reply = turn(url, prompts[label], args.max_tokens)
+                    reply = turn(url, prompt, args.max_tokens)
                     results[label].append({"session": session, "turn": number, **reply})
-                answer = results["on"][-1]["text"].strip()  # both go on from one answer: like for like
-                for label in prompts:
-                    prompts[label] += f" <answer>{answer}</answer>\nUser: next step {number}.\nAssistant:"
+                answer = results["on"][-1]["text"].strip()
+                prompt += f" <answer>{answer}</answer>\nUser: next step {number}.\nAssistant:"
         health = {
             label: httpx.get(f"{url}/health", timeout=10).json()["checkpoints"] for label, (_, url) in series.items()
         }

@@ -23,8 +23,7 @@ from typing import Any
 
 from gateway.config import Config, package_resource
 from gateway.placement import inventory_from_spec, plan_models
-from gateway.placement.inspection import inspect_gguf
-from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, allocated
+from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, allocated, predicted
 
 CASES = ((2048, 1), (1024, 4), (512, 8), (16384, 2))
 BUFFER_WORDS = ("KV buffer size", "RS buffer size")
@@ -37,9 +36,7 @@ def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int) ->
     decision = plan_models(Config.model_validate({"models": [model]}), inventory_from_spec(gpus)).decision("hybrid")
     plan = decision.plan
     assert plan is not None, decision
-    shape = inspect_gguf(path).shape
-    predicted_kv = shape.kv_bytes_per_token() * plan.context_tokens * plan.slots
-    predicted_state = shape.recurrent_state_bytes * shape.recurrent_layers * plan.slots
+    predicted_kv, predicted_state = predicted(path, plan)
     kv, rs, lines = allocated(path, plan, n_gpu_layers)
     kv_mib, rs_mib = float(kv[1]), float(rs[1])
     return {

@@ -22,7 +22,7 @@ import pytest
 from gateway.config import Config
 from gateway.placement import inventory_from_spec, plan_models
 from gateway.placement.inspection import inspect_gguf
-from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, Layout, allocated
+from tests.fixtures.hybrid_alloc import LAYOUTS, LOG_ROUNDING, MIB, Layout, allocated, predicted
 from tests.integration.test_llamacpp_worker import MODEL, Worker
 from tests.integration.test_prompt_cache_worker import running
 
@@ -48,8 +48,7 @@ def test_the_predicted_kv_and_recurrent_state_are_what_llama_cpp_allocates(
     assert plan is not None and estimate is not None and (plan.context_tokens, plan.slots) == (context, slots)
     shape = inspect_gguf(hybrid_path).shape
     assert shape.recurrent_state_bytes == 4 * layout.state_floats_per_layer
-    predicted_kv = shape.kv_bytes_per_token() * context * slots
-    predicted_state = shape.recurrent_state_bytes * shape.recurrent_layers * slots
+    predicted_kv, predicted_state = predicted(hybrid_path, plan)
     assert estimate.kv_cache_bytes == predicted_kv + predicted_state  # the planner's cache term is these two
 
     kv, rs, _ = allocated(hybrid_path, plan)
