@@ -42,6 +42,15 @@
 #   hybridmem:gguf               issue 39: the tiny hybrids' KV and recurrent state as planned for a V100-16GB and as
 #                                llama.cpp's CUDA build allocates them, every layer on the GPU (bench.gpu.hybrid_memory),
 #                                into out/<date>-hybrid-memory-gpu
+#   gguf8b                       issue 41: the Llama-3-8B shape (GQA, 8 KV heads for 32 query heads, as 2026's models
+#                                have) with the agents' template, GGUF Q4_K_M (its F16 and HF files deleted after; the
+#                                7B's F16 GGUF first, for disk space: put `gguf8b` after any step that needs it;
+#                                the HF folder stays for sessions:tm8b)
+#   depth:gguf                   issue 41: the engine's own price of a cached prefix (bench.prefill_depth: 64-512 new
+#                                tokens after 0 / 4,096 / 8,192 cached, one slot of 10,240, KV q8_0 then f16, held to a
+#                                V100-16GB) for the 7B and, if made, the 8B, into out/<date>-prefill-depth-gpu/<model>-<kv>
+#   sessions:gguf8b, sessions:tm8b  issue 41: sessions:gguf and sessions:tm on the 8B (session-{gguf,tm}-8b*.yaml; the
+#                                plan's own KV choice), after gguf8b
 #   sessions:gguf-f16kv          issue 41: the llama.cpp session replay with KV f16 (2 slots of 10,240: the plan's f16
 #                                fit) where sessions:gguf's plan takes q8_0, caching on only: how much of a cached
 #                                turn's extra over a one-turn prompt is attention over a quantized KV
@@ -147,6 +156,21 @@ step_gguf() {
   ls -la "$G/gguf"; tail -3 "$G/llama_build.log"
 }
 
+step_gguf8b() {  # issue 41: a GQA shape (Llama-3-8B: 8 KV heads), Q4_K_M, for depth:gguf and sessions:gguf8b
+  [[ -f $G/gguf/8b-q4_k_m.gguf ]] && return
+  for _ in $(seq 1 240); do [[ -f $G/llama_build.rc ]] && break; sleep 5; done
+  rm -f "$G/gguf/7b-f16.gguf" "$G/gguf/7b-q8_0.gguf"  # disk: 7B HF + Q4 + 8B HF + F16 fit in 64 GB, not with these too
+  local B="python3 .gpu/llamacpp_bench.py --json $G/gguf/convert.jsonl --tag llamacpp-8b"
+  { [[ -f $G/models/8b/made ]] || { python3 .gpu/make_model.py "$G/models/8b" --shape 8b && touch "$G/models/8b/made"; }; } \
+    && python3 -m bench.gpu.agent_template "$G/models/8b" \
+    && $B convert "$G/models/8b" "$G/gguf/8b-f16.gguf" --llama-src "$G/src/llama_cpp_python-0.3.36" \
+    && $B quantize "$G/gguf/8b-f16.gguf" "$G/gguf/8b-q4_k_m.gguf.tmp" q4_k_m \
+    && mv "$G/gguf/8b-q4_k_m.gguf.tmp" "$G/gguf/8b-q4_k_m.gguf"
+  stamp "gguf8b exit $?"
+  rm -f "$G/gguf/8b-f16.gguf"  # the HF folder stays: sessions:tm8b serves it on TurboMind
+  tail -2 "$G/gguf/convert.jsonl"; df -h /tmp | tail -1
+}
+
 step_moegguf() {  # issue 39's MoE, written while the build runs (its tokenizer: .gpu/tokenizer.gguf)
   [[ -f $G/gguf/moe-q4_0.gguf ]] && return
   mkdir -p "$G/gguf"
@@ -200,6 +224,10 @@ step_sessions() {  # $1: tm | gguf | llama-server
           --off-config bench/gpu/configs/session-tm-7b-off.yaml ;;
     gguf) hold 16160; "${replay[@]}" --gpu --config bench/gpu/configs/session-gguf-7b.yaml \
           --off-config bench/gpu/configs/session-gguf-7b-off.yaml ;;
+    gguf8b) hold 16160; "${replay[@]}" --model llama3-8b --gpu --config bench/gpu/configs/session-gguf-8b.yaml \
+          --off-config bench/gpu/configs/session-gguf-8b-off.yaml ;;
+    tm8b) hold 32510; "${replay[@]}" --model llama3-8b --gpu --config bench/gpu/configs/session-tm-8b.yaml \
+          --off-config bench/gpu/configs/session-tm-8b-off.yaml ;;
     gguf-f16kv) hold 16160; "${replay[@]}" --gpu --config bench/gpu/configs/session-gguf-7b-f16kv.yaml ;;
     llama-server)
       [[ -x $SERVER ]] || { stamp "no llama-server"; return; }
@@ -230,6 +258,22 @@ step_hybridmem() {  # issue 39: the tiny hybrids' KV and recurrent state on CUDA
   python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --out "$out" > "$out/output.txt" 2>&1
   stamp "hybridmem gguf exit $?"
   tail -8 "$out/output.txt"
+}
+
+step_depth() {  # issue 41: N new tokens after D cached vs from position 0, the engine alone, KV q8_0 and f16
+  local out=$S/out/$(date -u +%F)-prefill-depth-gpu kv m rc=0
+  mkdir -p "$out"
+  hold 16160
+  for m in 7b 8b; do
+    [[ -f $G/gguf/$m-q4_k_m.gguf ]] || continue
+    for kv in q8_0 f16; do
+      python3 -m bench.prefill_depth --model "$G/gguf/$m-q4_k_m.gguf" --gpu --kv $kv --ctx 10240 --out "$out/$m-$kv" \
+        > "$out/output-$m-$kv.txt" 2>&1 || rc=$?
+    done
+  done
+  stamp "depth gguf exit $rc"
+  cat "$out"/*/prefill-depth.md
+  release
 }
 
 step_turns() {  # $1: gguf
@@ -304,6 +348,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     setup) step_setup ;;
     model) step_model ;;
     gguf) step_gguf ;;
+    gguf8b) step_gguf8b > "$S/gguf8b.log" 2>&1; tail -4 "$S/gguf8b.log" ;;
     server) step_server ;;
     bench) step_bench "" ${REGRESS_ARGS:-} ;;
     bench:*) pairs=${step#bench:}; step_bench "${pairs%%,*}" --only ${pairs//,/ } ${PAIR_ARGS:-} ;;
@@ -311,6 +356,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     turns:gguf) step_turns gguf ;;
     hybrid:gguf) step_hybrid ;;
     hybridmem:gguf) step_hybridmem ;;
+    depth:gguf) step_depth ;;
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
