@@ -145,6 +145,10 @@ step_model() {  # the random-weight 7B with a template that renders agents' tool
     tail -1 "$S/make_model_7b.log"
   fi
   python3 -m bench.gpu.agent_template "$G/models/7b"
+  if [[ " ${STEPS:-} " == *" gguf8b "* && ! -f $G/models/8b/made ]]; then  # while llama.cpp builds
+    python3 .gpu/make_model.py "$G/models/8b" --shape 8b > "$S/make_model_8b.log" 2>&1 && touch "$G/models/8b/made"
+    tail -1 "$S/make_model_8b.log"
+  fi
 }
 
 step_gguf() {
@@ -158,12 +162,12 @@ step_gguf() {
 
 step_gguf8b() {  # issue 41: a GQA shape (Llama-3-8B: 8 KV heads), Q4_K_M, for depth:gguf and sessions:gguf8b
   [[ -f $G/gguf/8b-q4_k_m.gguf ]] && return
-  for _ in $(seq 1 240); do [[ -f $G/llama_build.rc ]] && break; sleep 5; done
-  rm -f "$G/gguf/7b-f16.gguf" "$G/gguf/7b-q8_0.gguf"  # disk: 7B HF + Q4 + 8B HF + F16 fit in 64 GB, not with these too
   local B="python3 .gpu/llamacpp_bench.py --json $G/gguf/convert.jsonl --tag llamacpp-8b"
-  { [[ -f $G/models/8b/made ]] || { python3 .gpu/make_model.py "$G/models/8b" --shape 8b && touch "$G/models/8b/made"; }; } \
-    && python3 -m bench.gpu.agent_template "$G/models/8b" \
-    && $B convert "$G/models/8b" "$G/gguf/8b-f16.gguf" --llama-src "$G/src/llama_cpp_python-0.3.36" \
+  [[ -f $G/models/8b/made ]] || { python3 .gpu/make_model.py "$G/models/8b" --shape 8b && touch "$G/models/8b/made"; }
+  python3 -m bench.gpu.agent_template "$G/models/8b"
+  for _ in $(seq 1 240); do [[ -f $G/llama_build.rc && -f $G/gguf/ready ]] && break; sleep 5; done
+  rm -f "$G/gguf/7b-f16.gguf" "$G/gguf/7b-q8_0.gguf"  # disk: 7B HF + Q4 + 8B HF + F16 fit in 64 GB, not with these too
+  [[ -f $G/models/8b/made ]] && $B convert "$G/models/8b" "$G/gguf/8b-f16.gguf" --llama-src "$G/src/llama_cpp_python-0.3.36" \
     && $B quantize "$G/gguf/8b-f16.gguf" "$G/gguf/8b-q4_k_m.gguf.tmp" q4_k_m \
     && mv "$G/gguf/8b-q4_k_m.gguf.tmp" "$G/gguf/8b-q4_k_m.gguf"
   stamp "gguf8b exit $?"
