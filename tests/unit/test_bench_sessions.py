@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from bench.session_replay import CACHE_GOAL, SessionResult, TurnResult, abba, goal_summary
+from bench.session_replay import abba
+from bench.session_results import CACHE_GOAL, SessionResult, TurnResult, goal_summary
 from bench.sessions import SESSION_KINDS, AgentSession, background_tasks, one_turn_body
 
 
@@ -86,3 +87,15 @@ def test_cached_tokens_are_read_from_each_apis_own_usage() -> None:
     assert (incomplete.prompt_tokens, incomplete.cached_tokens) == (100, 91)
     assert (messages.prompt_tokens, messages.cached_tokens) == (100, 92)
     assert (silent.prompt_tokens, silent.cached_tokens) == (100, None)  # not said: None, never 0
+
+
+def test_the_same_count_baseline_is_counted_only_where_it_was_measured() -> None:
+    turn = TurnResult(1, 9192, 9043, 0.041, one_turn_ttft_s=0.021, same_count_ttft_s=0.030)
+    assert turn.new_tokens == 149
+    assert turn.same_count_ratio == pytest.approx(0.041 / 0.030)
+    tm = TurnResult(1, 9192, None, 0.041, one_turn_ttft_s=0.021)  # LMDeploy reports no cached tokens
+    assert tm.new_tokens is None and tm.same_count_ratio is None
+    lines = goal_summary([SessionResult("claude", "on", 0, 1.0, [TurnResult(0, 9000, 0, 1.0), turn]),
+                          SessionResult("codex", "on", 0, 1.0, [TurnResult(0, 9000, 0, 1.0), tm])])  # fmt: skip
+    assert "| claude | on | 1 of 1 | 0 of 1 | 1 of 1 |" in lines[2]
+    assert "| codex | on | 0 of 1 | 0 of 1 | - |" in lines[3]
