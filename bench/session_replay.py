@@ -191,16 +191,20 @@ async def run_session(base: str, kind: SessionKind, rep: int, spec: ReplaySpec) 
 async def same_count(
     client: httpx.AsyncClient, base: str, turn: Turn, model: str, count: int, text_tokens: int
 ) -> Streamed:
-    """A one-turn request of about `count` prompt tokens (`bench.session_results`): the turn's new text after a
-    tag (each try's own, so no try reuses another's or the new text's cached tokens) and `count -
-    text_tokens` filler words; up to three tries, each corrected by the last one's miss, until within 5 %."""
+    """A one-turn request of about `count` prompt tokens (`bench.session_results`): a tag, the turn's new text and
+    `count - text_tokens` filler words. The tag leads with the turn's and the try's numbers, so a try shares no
+    more than the role header and a bracket with any prompt before it. Up to three tries, each corrected by the
+    last one's miss, until within 5 %; where the text alone is longer than `count`, the text alone (its token
+    count is reported beside its TTFT)."""
     extra = count - text_tokens
     got = Streamed()
     for attempt in range(3):
-        text = f"[baseline {turn.index}.{attempt}] {turn.new_text}" + " a" * max(0, extra)
+        text = f"[{turn.index}.{attempt} baseline] {turn.new_text}" + " a" * max(0, extra)
         body = one_turn_body(turn.api, model, text, 1)
         got = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
         if got.prompt_tokens is None or abs(count - got.prompt_tokens) <= max(2, count // 20):
+            break
+        if extra <= 0 and got.prompt_tokens > count:  # the text alone is longer: no filler to take away
             break
         extra += count - got.prompt_tokens
     return got
