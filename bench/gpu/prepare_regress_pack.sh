@@ -12,7 +12,7 @@
 #                    GGUF's vocabulary, so run_regress.sh's `moegguf` step needs no other GGUF and runs beside the build
 #   .gpu/site2.tar.xz
 #                    the gateway's runtime packages for the image's Python 3.12, at this venv's versions (not openai:
-#                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/), and py-spy, installed
+#                    3.x breaks the pack's lmdeploy, bench/results/2026-12-03-gpu-turbomind/), and with PYSPY=1 py-spy, installed
 #                    into site2/ and xz-compressed (bench/gpu/install_extra.sh unpacks it to /tmp/site2): 15.8 MB
 #                    where the wheels were 22 MB, and a device call carries at most 64 MiB with the checkout
 # `.gpu/` is git-ignored (.gitignore); a device call carries it with `carry: [".gpu"]`.
@@ -35,8 +35,10 @@ rm -rf .gpu/extra .gpu/site2.tar.xz && mkdir -p .gpu/extra
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .gpu/extra $PINS
-# py-spy, for bench.turn_overhead's profile on the GPU machine (`turns:gguf`): a static binary, /tmp/site2/bin/py-spy
-python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
+# py-spy (PYSPY=1), for bench.turn_overhead's profile on the GPU machine (`turns:gguf`): a static binary,
+# /tmp/site2/bin/py-spy, ~1.9 MB of the pack; left out by default, since the checkout and .gpu/ together must
+# stay under a device call's 64 MiB and the results folders grow (2026-12-06: 66 MiB with it)
+[[ ${PYSPY:-} == 1 ]] && python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .gpu/extra py-spy==0.4.3
 SITE=$(mktemp -d)
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
