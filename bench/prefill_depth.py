@@ -78,7 +78,10 @@ def _prefill(model: Model, batch: Batch, tokens: Sequence[int], start: int) -> N
 def measure(model: Model, batch: Batch, depth: int, counts: Sequence[int], repeats: int, seed: int) -> list[Timing]:
     """Fill sequence 0 to `depth` (untimed), then time each count `repeats` times, cut back to `depth` after each."""
     rng = random.Random(seed)
-    pick = lambda n: [rng.randrange(100, model.n_vocab - 100) for _ in range(n)]  # noqa: E731
+
+    def pick(n: int) -> list[int]:  # token ids away from the vocabulary's ends (its special tokens)
+        return [rng.randrange(100, model.n_vocab - 100) for _ in range(n)]
+
     model.seq_clear(0)
     if depth:
         _prefill(model, batch, pick(depth), 0)
