@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -192,14 +193,15 @@ async def same_count(
     client: httpx.AsyncClient, base: str, turn: Turn, model: str, count: int, text_tokens: int
 ) -> Streamed:
     """A one-turn request of about `count` prompt tokens (`bench.session_results`): a tag, the turn's new text and
-    `count - text_tokens` filler words. The tag leads with the turn's and the try's numbers, so a try shares no
-    more than the role header and a bracket with any prompt before it. Up to three tries, each corrected by the
-    last one's miss, until within 5 %; where the text alone is longer than `count`, the text alone (its token
-    count is reported beside its TTFT)."""
+    `count - text_tokens` filler words. The tag leads with a random nonce, so a try shares no more than the
+    template's head with any prompt before it (another session's baseline of the same text included). Up to three
+    tries, each corrected by the last one's miss, until within 5 %; where the text alone is longer than `count`,
+    the text alone (its token count is reported beside its TTFT)."""
     extra = count - text_tokens
     got = Streamed()
+    nonce = secrets.token_hex(3)
     for attempt in range(3):
-        text = f"[{turn.index}.{attempt} baseline] {turn.new_text}" + " a" * max(0, extra)
+        text = f"[{nonce} {turn.index}.{attempt} baseline] {turn.new_text}" + " a" * max(0, extra)
         body = one_turn_body(turn.api, model, text, 1)
         got = await stream_request(client, base, turn.api, turn.path, turn.headers, body)
         if got.prompt_tokens is None or abs(count - got.prompt_tokens) <= max(2, count // 20):
