@@ -54,6 +54,9 @@
 #   sessions:gguf-f16kv          issue 41: the llama.cpp session replay with KV f16 (2 slots of 10,240: the plan's f16
 #                                fit) where sessions:gguf's plan takes q8_0, caching on only: how much of a cached
 #                                turn's extra over a one-turn prompt is attention over a quantized KV
+#   split:tm8b                   issue 41: a TurboMind cached turn's TTFT split (bench.gpu.tm_turn_split: through the
+#                                gateway, straight to LMDeploy, as token ids; its template and tokenizer timed; a fresh
+#                                prompt of the uncached count), the 8B held to a V100-32GB, into out/<date>-tm-turn-split
 #   reasoning:tm                 TurboMind's reasoning parser through the gateway on each API (bench/gpu/tm_reasoning.py,
 #                                the 7B with a thinking template, held to 32 GB), into out/<date>-tm-reasoning
 #   replicas:tm                  issue 38: TurboMind, the 1B shape, 2 replicas vs 1 in one V100-32GB's memory (ABBA,
@@ -318,6 +321,20 @@ step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the pl
   release
 }
 
+step_split_tm() {  # issue 41: where a TurboMind cached turn's time goes (bench.gpu.tm_turn_split), the 8B, 32 GB
+  local out=$S/out/$(date -u +%F)-tm-turn-split port
+  mkdir -p "$out"
+  hold 32510
+  gateway_up bench/gpu/configs/session-tm-8b.yaml "$out/gateway.log"
+  port=$(grep -o -- '--server-port [0-9]*' "$out/gateway.log" | head -1 | awk '{print $2}')
+  python3 -m bench.gpu.tm_turn_split --model-path "$G/models/8b" --model llama3-8b --lmdeploy-url "http://127.0.0.1:$port" \
+    --gateway-url http://127.0.0.1:8000 --out "$out" > "$out/output.txt" 2>&1
+  stamp "split tm8b exit $? (LMDeploy on port $port)"
+  tail -12 "$out/output.txt"
+  kill -TERM $gw; wait $gw 2> /dev/null
+  release
+}
+
 step_moe_tm() {  # issue 39: a random-weight Qwen3-MoE on TurboMind, the plan's sizing and speed against the run
   local out=$S/out/$(date -u +%F)-tm-moe
   mkdir -p "$out"
@@ -373,6 +390,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
+    split:tm8b) step_split_tm ;;
     moegguf) step_moegguf ;;
     moediag) step_moediag ;;
     pvm:*) step_pvm "${step#pvm:}" ;;
