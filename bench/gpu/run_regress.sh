@@ -143,15 +143,17 @@ EOS
 }
 
 step_model() {  # the random-weight 7B with a template that renders agents' tools (bench/gpu/agent_template.py)
-  if [[ ! -f $G/models/7b/made ]]; then
+  if [[ ${SKIP_7B:-} != 1 && ! -f $G/models/7b/made ]]; then  # SKIP_7B=1: only the 8B's steps follow
     python3 .gpu/make_model.py "$G/models/7b" --shape 7b > "$S/make_model_7b.log" 2>&1 && touch "$G/models/7b/made"
     tail -1 "$S/make_model_7b.log"
   fi
-  python3 -m bench.gpu.agent_template "$G/models/7b"
-  if [[ " ${STEPS:-} " == *" gguf8b "* && ! -f $G/models/8b/made ]]; then  # while llama.cpp builds
+  [[ -f $G/models/7b/made ]] && python3 -m bench.gpu.agent_template "$G/models/7b"
+  if [[ " ${STEPS:-} " == *" gguf8b "* || " ${STEPS:-} " == *":tm8b "* ]] && [[ ! -f $G/models/8b/made ]]; then
     python3 .gpu/make_model.py "$G/models/8b" --shape 8b > "$S/make_model_8b.log" 2>&1 && touch "$G/models/8b/made"
     tail -1 "$S/make_model_8b.log"
   fi
+  [[ -f $G/models/8b/made ]] && python3 -m bench.gpu.agent_template "$G/models/8b"
+  return 0
 }
 
 step_gguf() {
