@@ -325,6 +325,7 @@ step_reasoning_tm() {  # issue 36: LMDeploy's reasoning parser, picked by the pl
 
 step_split_tm() {  # issue 41: where a TurboMind cached turn's time goes (bench.gpu.tm_turn_split), the 8B, 32 GB
   local out=$S/out/$(date -u +%F)-tm-turn-split port
+  [[ -d $out ]] && out=$out-2  # a second run in the same call (e.g. once the llama.cpp build is done)
   mkdir -p "$out"
   hold 32510
   gateway_up bench/gpu/configs/session-tm-8b.yaml "$out/gateway.log"
