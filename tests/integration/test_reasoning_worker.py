@@ -80,7 +80,10 @@ def test_the_budget_closes_the_thinking_and_the_answer_follows(r1: str) -> None:
     body = _chat(r1, thinking_budget_tokens=5, ignore_eos=True, max_tokens=32)
     message, usage = body["choices"][0]["message"], body["usage"]
     assert message["reasoning_content"] and message["content"]
-    assert not any(tag in message["content"] + message["reasoning_content"] for tag in TAGS)
+    # the forced closing ends the thinking and stays out of both texts; what the model writes after it with
+    # `ignore_eos` is its own (greedy SmolLM2 on an AVX2-only CPU copies a `</think>` into its answer later on)
+    assert not any(tag in message["reasoning_content"] for tag in TAGS)
+    assert not message["content"].lstrip().startswith(TAGS), message["content"]
     # the 5 budgeted tokens, then the closing's tokens until `</think>` is complete
     assert 5 <= usage["completion_tokens_details"]["reasoning_tokens"] < 12
 
