@@ -45,8 +45,10 @@ from typing import Any
 
 import httpx
 
+from bench.report import fmt, md_table
 from bench.session_replay import stream_request
 from bench.sessions import AgentSession, Turn
+from bench.stats import median, ratio
 
 PASSES = ("gateway", "chat", "ids", "ids", "chat", "gateway")
 
@@ -75,7 +77,7 @@ def with_nonce(body: dict[str, Any], nonce: str) -> dict[str, Any]:
 
 @dataclass
 class TurnSplit:
-    """One turn, each path's TTFTs (one per pass), the CPU's template and tokenizer time, the fresh baseline."""
+    """One turn: each path's TTFTs and LMDeploy's template and tokenizer time (one per pass), the fresh baseline."""
 
     turn: int
     prompt_tokens: int = 0
@@ -83,36 +85,25 @@ class TurnSplit:
     reported_prompt_tokens: dict[str, list[int]] = field(default_factory=dict)
     ttft_ms: dict[str, list[float]] = field(default_factory=dict)
     fresh_ttft_ms: list[float] = field(default_factory=list)
-    template_ms: float = 0.0
-    encode_ms: float = 0.0
+    template_ms: list[float] = field(default_factory=list)
+    encode_ms: list[float] = field(default_factory=list)
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+HEADERS = ("turn", "prompt tokens", "uncached (blocks)", "gateway ms", "chat ms", "ids ms", "fresh ms", "template ms",
+           "encode ms", "chat - ids", "ids / fresh", "gateway / fresh")  # fmt: skip
 
 
 def split_table(rows: Sequence[TurnSplit]) -> str:
     """Markdown: per turn the medians of each path, the CPU's share and the engine's baseline."""
-    lines = [
-        "| turn | prompt tokens | uncached (blocks) | gateway ms | chat ms | ids ms | fresh ms | template ms "
-        "| encode ms | chat - ids | ids / fresh | gateway / fresh |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    out = []
     for r in rows:
-        gw, chat, ids = (_median(r.ttft_ms.get(p, [])) for p in ("gateway", "chat", "ids"))
-        fresh = _median(r.fresh_ttft_ms)
-        lines.append(
-            f"| {r.turn + 1} | {r.prompt_tokens:,} | {r.uncached_tokens:,} | {_fmt(gw)} | {_fmt(chat)} | {_fmt(ids)} "
-            f"| {_fmt(fresh)} | {_fmt(r.template_ms)} | {_fmt(r.encode_ms)} "
-            f"| {_fmt(None if chat is None or ids is None else chat - ids)} "
-            f"| {_fmt(None if ids is None or not fresh else ids / fresh, 2)} "
-            f"| {_fmt(None if gw is None or not fresh else gw / fresh, 2)} |"
-        )
-    return "\n".join(lines)
+        gw, chat, ids = (median(r.ttft_ms.get(p, [])) for p in ("gateway", "chat", "ids"))
+        fresh = median(r.fresh_ttft_ms)
+        gap = None if chat is None or ids is None else chat - ids
+        out.append((r.turn + 1, fmt(r.prompt_tokens, 0), fmt(r.uncached_tokens, 0), fmt(gw), fmt(chat), fmt(ids),
+                    fmt(fresh), fmt(median(r.template_ms)), fmt(median(r.encode_ms)), fmt(gap),
+                    fmt(ratio(ids, fresh), 2), fmt(ratio(gw, fresh), 2)))  # fmt: skip
+    return md_table(HEADERS, out)
 
 
 def _timed(fn: Callable[[], Any], reps: int = 3) -> tuple[Any, float]:
@@ -178,7 +169,8 @@ async def run_pass(path: str, turns: Sequence[Turn], rows: list[TurnSplit], urls
             body = with_nonce(turn.body, nonce) | {"max_tokens": 4}  # the first content chunk: a token may decode empty
             ids, template_ms, encode_ms = prompter.ids(body)
             row.prompt_tokens, row.uncached_tokens = len(ids), uncached_count(ids, previous, block)
-            row.template_ms, row.encode_ms = template_ms, encode_ms
+            row.template_ms.append(template_ms)
+            row.encode_ms.append(encode_ms)
             wire = body if path == "gateway" else _direct_body(body, ids if path == "ids" else None)
             got = await stream_request(client, base, "chat", "/v1/chat/completions", {}, wire)
             if got.ttft_s is not None:

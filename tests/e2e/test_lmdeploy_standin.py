@@ -89,7 +89,8 @@ def test_plan_sends_the_model_to_turbomind_with_fp16_flags(turbomind_gateway: tu
 def test_chat_through_turbomind_path_has_the_same_shape(turbomind_gateway: tuple[Gateway, Path]) -> None:
     gateway, _ = turbomind_gateway
     client = gateway.client()
-    # An answer longer than 5 tokens, greedily: "Say hi" sampled could end within 5 (it did once in CI, 2026-12-07).
+    # An answer longer than 5 tokens, greedily: "Say hi" sampled could end within 5
+    # (it did once in CI: bench/results/2026-12-06-ci/ci-0d4b50c.log).
     count = [{"role": "user", "content": "Count from 1 to 50, one number per line."}]
     reply = client.chat.completions.create(model=MODEL, messages=count, max_tokens=5, temperature=0)  # type: ignore[arg-type]
     assert_matches_openai("CreateChatCompletionResponse", reply.model_dump(mode="json", exclude_unset=True))

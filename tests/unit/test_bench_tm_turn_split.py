@@ -27,7 +27,7 @@ def test_with_nonce_copies_and_leads_the_first_message() -> None:
 
 
 def test_split_table_medians_and_ratios() -> None:
-    row = TurnSplit(1, prompt_tokens=12000, uncached_tokens=90, template_ms=9.0, encode_ms=21.0)
+    row = TurnSplit(1, prompt_tokens=12000, uncached_tokens=90, template_ms=[8.0, 10.0], encode_ms=[21.0])
     row.ttft_ms = {"gateway": [60.0, 62.0], "chat": [55.0, 57.0], "ids": [20.0, 22.0]}
     row.fresh_ttft_ms = [10.0, 11.0]
     first = TurnSplit(0, prompt_tokens=11900, uncached_tokens=11900)
