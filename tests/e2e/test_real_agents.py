@@ -160,8 +160,9 @@ def test_codex_shows_a_thinking_models_reasoning_apart_from_its_answer(
         assert "<think>" not in json.dumps(item) and "</think>" not in json.dumps(item), item
 
 
-def _claude(clients: Path, gateway: Gateway, tmp_path: Path, *flags: str) -> str:
-    """`claude -p` with `flags` saying hello; its stdout once it exited 0."""
+def _claude(clients: Path, gateway: Gateway, tmp_path: Path, *flags: str, cut_ok: bool = False) -> str:
+    """`claude -p` with `flags` saying hello; its stdout once it exited 0 (or, with `cut_ok` and
+    `--output-format stream-json`, failed only because every answer reached the token cap)."""
     home, work = tmp_path / "claude-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -174,8 +175,19 @@ def _claude(clients: Path, gateway: Gateway, tmp_path: Path, *flags: str) -> str
     # prefill for SmolLM2 on a small CPU host (the default request's shape is the fixtures' job).
     argv = [str(clients / "claude"), "-p", "--tools", "Bash,Read", "--system-prompt", BRIEF, *flags, "Say hello"]
     done = _run(argv, work, env)
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
+    cut = cut_ok and _claude_only_cut_by_the_cap(done.stdout)
+    assert done.returncode == 0 or cut, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
     return done.stdout
+
+
+def _claude_only_cut_by_the_cap(json_lines: str) -> bool:
+    """Whether Claude Code's `stream-json` failed its turn for one reason: answers cut at the token cap. It asks
+    the model to go on after a cut answer, a few times, then gives up with a synthetic assistant message whose
+    `error` is `max_output_tokens` (it reads the gateway's clamped `max_tokens` stop as its own 32k limit)."""
+    events = [json.loads(line) for line in json_lines.splitlines() if line.startswith("{")]
+    failed = [e for e in events if e.get("type") == "result" and e.get("is_error")]
+    errors = [e.get("error") for e in events if e.get("type") == "assistant" and e.get("error")]
+    return bool(failed) and errors == ["max_output_tokens"]
 
 
 def test_claude_print_completes_a_turn(clients: Path, gateway: Gateway, tmp_path: Path) -> None:
@@ -187,10 +199,17 @@ def test_claude_code_shows_a_thinking_models_thinking_as_a_thinking_block(
     clients: Path, gateway: Gateway, tmp_path: Path
 ) -> None:
     """Claude Code's own stream (`--output-format stream-json`): the assistant message holds a thinking block
-    and a text block, no raw tags in its text."""
-    out = _claude(clients, gateway, tmp_path, "--model", THINKING, "--output-format", "stream-json", "--verbose")
+    and a text block, no raw tags in its text.
+
+    The turn may end cut at the token cap, as Codex's may: past its 8-token thinking budget SmolLM2-135M ran
+    past `CAP` in all four of Claude Code's tries in one CI run (an AVX2-only EPYC, 502c836), and Claude Code
+    fails such a turn. It shows each cut answer's blocks first; those are what this test checks (its synthetic
+    error message left out), and `test_claude_print_completes_a_turn` checks that a turn ends."""
+    out = _claude(clients, gateway, tmp_path, "--model", THINKING, "--output-format", "stream-json", "--verbose",
+                  cut_ok=True)  # fmt: skip
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    blocks = [b for e in events if e.get("type") == "assistant" for b in e["message"]["content"]]
+    answers = [e for e in events if e.get("type") == "assistant" and e["message"].get("model") != "<synthetic>"]
+    blocks = [b for e in answers for b in e["message"]["content"]]
     kinds = [b.get("type") for b in blocks]
     assert "thinking" in kinds and "text" in kinds, events
     thought = next(b for b in blocks if b["type"] == "thinking")
