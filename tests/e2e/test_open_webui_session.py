@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.clients.fixtures import load
-from tests.conftest import free_port
+from tests.conftest import LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
     LONG_PROMPT_KV,
     MODEL,
@@ -39,7 +39,8 @@ def gateway(
     saves to host memory and restores for the next message (`llamacpp.prompt_cache_mib`)."""
     tmp = tmp_path_factory.mktemp("open-webui")
     entry = model_entry(smollm2_path, context=CONTEXT, concurrency=request.param, default_max_tokens=48)
-    entry["llamacpp"] = {"n_threads": 1, "max_queue": 64, "prompt_cache_mib": 1024, "cache_type": LONG_PROMPT_KV}
+    entry["llamacpp"] = {"n_threads": LONG_PROMPT_THREADS, "max_queue": 64, "prompt_cache_mib": 1024,
+                         "cache_type": LONG_PROMPT_KV}  # fmt: skip
     with running_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log") as gw:
         yield gw
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.clients.fixtures import load
-from tests.conftest import free_port
+from tests.conftest import LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,8 @@ TOOLS_CHARS = 6000  # the recorded tools kept (the first ones, whole): a prefix 
 @pytest.fixture(scope="module")
 def prefix_gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("prefix")
-    entry = model_entry(smollm2_path, concurrency=1, llamacpp={"n_threads": 1, "cache_type": LONG_PROMPT_KV})
+    engine = {"n_threads": LONG_PROMPT_THREADS, "cache_type": LONG_PROMPT_KV}
+    entry = model_entry(smollm2_path, concurrency=1, llamacpp=engine)
     with running_gateway(write_config(tmp, smollm2_path, free_port(), models=[entry]), tmp / "gateway.log") as gw:
         yield gw
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
     LONG_PROMPT_KV,
     MODEL,
@@ -90,7 +90,7 @@ def clients() -> Path:
 @pytest.fixture(scope="module")
 def gateway(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("real-agents")
-    engine = {"n_threads": 1, "max_queue": 64, "cache_type": LONG_PROMPT_KV}
+    engine = {"n_threads": LONG_PROMPT_THREADS, "max_queue": 64, "cache_type": LONG_PROMPT_KV}
     common: dict[str, object] = {"context": CONTEXT, "concurrency": 1, "sampling": SAMPLING, "llamacpp": engine}
     entry = model_entry(smollm2_path, aliases=["smollm2", *CLAUDE_NAMES], **common)
     thinking = model_entry(thinking_gguf(smollm2_path, tmp / "smollm2-qwen3-thinking.gguf"), name=THINKING,

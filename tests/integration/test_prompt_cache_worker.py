@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import LONG_PROMPT_THREADS
 from tests.integration.test_llamacpp_worker import MODEL, Worker, start_worker, stop
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,8 @@ A, B, C = document("apples"), document("bicycles"), document("comets")
 @contextlib.contextmanager
 def running(smollm2_path: Path, tmp_path: Path, *extra: str) -> Iterator[Worker]:
     log_path = tmp_path / "worker.log"
-    process, url = start_worker(smollm2_path, log_path, "--ctx", "2048", "--slots", "1", "--n-threads", "1", *extra)
+    threads = str(LONG_PROMPT_THREADS)
+    process, url = start_worker(smollm2_path, log_path, "--ctx", "2048", "--slots", "1", "--n-threads", threads, *extra)
     worker = Worker(url, log_path, process)
     try:
         deadline = time.monotonic() + 120
