@@ -234,7 +234,7 @@ def test_plausible_chat_requests_reach_the_worker_and_come_back_well_formed(serv
 # -- OpenAI's and Anthropic's own descriptions of the API: no 5xx for anything they generate ----------------
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 PUBLISHED_EXAMPLES = 12  # per operation and mode in the normal suite; the slow one runs many more
-PUBLISHED_EXAMPLES_SLOW = 80  # about 1,600 cases in all: CI runs it, within make test's ~20-minute budget
+PUBLISHED_EXAMPLES_SLOW = 80  # about 1,600 cases in all: `make test-slow` runs it (CI runs both commands)
 
 
 def _published() -> list[tuple[str, str, str, bool]]:
