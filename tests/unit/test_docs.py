@@ -108,6 +108,16 @@ def test_readme_starts_with_make_run_and_make_test() -> None:
     assert commands == ["make run", "make test"]
 
 
+def test_ci_runs_make_test_and_make_test_slow_which_split_the_suite_by_the_slow_mark() -> None:
+    """`make test` leaves the `slow` suites to `make test-slow` and CI runs both: no test but the GPU ones is
+    left out of CI (docs/testing.md)."""
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert "make test" in ci and "make test-slow" in ci
+    makefile = (REPO / "Makefile").read_text()
+    marks = dict(re.findall(r'^(test|test-slow):.*\n\t.*?-m "([^"]+)"', makefile, re.MULTILINE))
+    assert marks == {"test": "not gpu and not slow", "test-slow": "slow and not gpu"}
+
+
 # ---- links --------------------------------------------------------------------------------------------------
 
 
