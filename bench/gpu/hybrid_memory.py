@@ -15,6 +15,13 @@ Exit 0 when every size matches to llama.cpp's printed rounding.
 
 from __future__ import annotations
 
+# First, before numpy (which gateway.placement's GGUF reader imports): llama.cpp's shared libraries, as the worker
+# does (backends/llamacpp/worker/cli.py). On the GPU machine (2026-12-07, H100, the CUDA build) this script, importing
+# numpy first, died with SIGSEGV in the tokenizer's regex at every load, GPU layers or none.
+import backends.llamacpp.worker.native  # noqa: F401
+
+# isort: split
+
 import argparse
 import json
 import tempfile

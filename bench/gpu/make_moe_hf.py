@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.gpu.tm_reasoning import add_think_tokens
+
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 2048, 32, 4, 128
 EXPERTS, ACTIVE, EXPERT_WIDTH, VOCAB = 128, 8, 768, 32000
 LAYERS_PER_FILE = 4
@@ -95,12 +97,14 @@ def write_file(path: Path, tensors: list[tuple[str, tuple[int, ...]]], tile: np.
 
 
 def write_tokenizer(out: Path) -> None:
-    """`.gpu/make_model.py`'s synthetic SentencePiece tokenizer (the one the 7B model has)."""
+    """`.gpu/make_model.py`'s synthetic SentencePiece tokenizer (the one the 7B model has), with `<think>` and
+    `</think>` as tokens."""
     spec = importlib.util.spec_from_file_location("make_model", Path(".gpu/make_model.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.write_tokenizer(str(out), VOCAB)
+    add_think_tokens(out, out)  # a Qwen3 family: the plan starts LMDeploy's `default` reasoning parser (needs them)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

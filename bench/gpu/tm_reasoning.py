@@ -41,14 +41,21 @@ OWN = ("tokenizer_config.json", "tokenizer.json")
 
 
 def make(source: Path, dest: Path) -> None:
-    """`dest`: `source`'s files linked; its tokenizer with `<think>` and `</think>` as tokens (LMDeploy's parser
-    refuses a tokenizer without them), in place of the vocabulary's last two pieces so the embedding's size stays;
-    its chat template the thinking one."""
+    """`dest`: `source`'s files linked; its tokenizer with `<think>` and `</think>` as tokens, its chat template the
+    thinking one."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         target = dest / path.name
         if path.name not in OWN and not target.exists():
             target.symlink_to(path.resolve())
+    first = add_think_tokens(source, dest, THINK_TEMPLATE)
+    print(f"{dest}: thinking template, {TAGS} as tokens {first}, {first + 1}")
+
+
+def add_think_tokens(source: Path, dest: Path, template: str | None = None) -> int:
+    """`source`'s tokenizer files written to `dest` with `<think>` and `</think>` as tokens (LMDeploy's reasoning
+    parser refuses a tokenizer without them), in place of the vocabulary's last two pieces so the embedding's size
+    stays; `template`, if given, as the chat template. Returns the first tag's id."""
     tokenizer = json.loads((source / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
     first = len(vocab) - len(TAGS)
@@ -56,15 +63,18 @@ def make(source: Path, dest: Path) -> None:
         vocab[first + i] = [tag, 0.0]
         tokenizer.setdefault("added_tokens", []).append({"id": first + i, "content": tag, "single_word": False,
             "lstrip": False, "rstrip": False, "normalized": False, "special": False})  # fmt: skip
-    (dest / "tokenizer.json").write_text(json.dumps(tokenizer))
     config = json.loads((source / "tokenizer_config.json").read_text())
-    config["chat_template"] = THINK_TEMPLATE
+    if template is not None:
+        config["chat_template"] = template
     decoder = config.setdefault("added_tokens_decoder", {})
     for i, tag in enumerate(TAGS):
         decoder[str(first + i)] = {"content": tag, "lstrip": False, "normalized": False, "rstrip": False,
                                    "single_word": False, "special": False}  # fmt: skip
+    for name in OWN:  # `dest` may hold links to `source`'s files: replace them, never write through them
+        (dest / name).unlink(missing_ok=True)
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer))
     (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    print(f"{dest}: thinking template, {TAGS} as tokens {first}, {first + 1}")
+    return first
 
 
 def chat_checks(c: Checks) -> None:

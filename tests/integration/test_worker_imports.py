@@ -29,3 +29,11 @@ def test_the_worker_imports_llama_cpps_library_before_numpy() -> None:
 def test_the_check_sees_the_wrong_order_when_numpy_comes_first() -> None:
     names = _finished_imports("-c", "import numpy, llama_cpp")
     assert names.index("numpy") < names.index("llama_cpp.llama_cpp")
+
+
+def test_the_gpu_hybrid_memory_check_imports_llama_cpps_library_before_numpy() -> None:
+    """bench.gpu.hybrid_memory loads llama.cpp in its own process; with numpy first it crashed on the GPU machine
+    (2026-12-07: SIGSEGV in the vocabulary's regex, bench/results/2026-12-07-gpu-h100-hybrid-moe-8b/)."""
+    names = _finished_imports("-m", "bench.gpu.hybrid_memory", "--help")
+    assert "numpy" in names and "llama_cpp.llama_cpp" in names
+    assert names.index("llama_cpp.llama_cpp") < names.index("numpy")
