@@ -29,9 +29,9 @@ from gateway.placement.vision import TURBOMIND_VISION, vision_activation_bytes
 
 TM_FP16 = "turbomind-fp16"
 TM_MOE_UNVERIFIED = (
-    "a mixture of experts on TurboMind is unverified: LMDeploy 0.18 found no grouped FP16 GEMM for a Qwen3-MoE's "
-    "experts on the GPU machine (an H100), and no V100 was tried; if its worker fails to start, give the model a "
-    "GGUF source and `engine: llamacpp` (docs/placement.md)"
+    "a FP16 mixture of experts on TurboMind was not loaded on a V100: LMDeploy 0.18 has a grouped FP16 GEMM for "
+    "sm_70 but none for sm_90 (served as BF16 there, it matched the plan); if its worker fails to start, give the "
+    "model a GGUF source and `engine: llamacpp` (docs/placement.md)"
 )
 TM_TP = "turbomind-fp16-tp"
 TM_W4A16 = "turbomind-w4a16"

@@ -119,8 +119,8 @@ def test_a_dense_model_never_gets_the_rung(zoo: Path) -> None:
 def test_a_fp16_moe_on_turbomind_is_planned_with_a_warning(
     tmp_path: Path, config: dict[str, object], warned: bool
 ) -> None:
-    """Its grouped FP16 GEMM is unverified (LMDeploy 0.18 refused it on the GPU machine's H100): the plan says so,
-    and how to serve it otherwise; a dense model gets no such warning."""
+    """Its grouped FP16 GEMM was not loaded on a V100 (LMDeploy 0.18 has none for the GPU machine's sm_90): the plan
+    says so, and how to serve it otherwise; a dense model gets no such warning."""
     write_hf_model(tmp_path / "m", config)
     entry = {"name": "m", "sources": [{"hf": "m"}], "context": 4096, "concurrency": 2}
     config_ = Config.model_validate({"gpus": "v100-32gb", "models": [entry], "base_dir": tmp_path})
