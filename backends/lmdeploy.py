@@ -22,6 +22,7 @@ from backends.base import (
 from backends.overflow import overflow_counts, overflow_message
 from backends.request import IMAGE_MARKER, AnyEngineRequest, EngineImage, EngineRequest, NamedToolChoice
 
+DISABLE_METRICS = "--disable-metrics"
 INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12; see README, 'V100 hardware')"
 
 # Fields of the engine request that LMDeploy's api_server does not take as they are (its own `session_id` is an
@@ -57,9 +58,10 @@ class LMDeployAdapter:
             logprobs=True,
             completion_logprobs=False,
             vision=plan.vision_encoder is not None,
-            # Its api_server sends `cached_tokens: 0` whatever it reused: the count is filled only with
-            # --enable-metrics (lmdeploy/turbomind/turbomind.py `_get_metrics`), not verified on 0.18 (docs/api.md).
-            cached_tokens=False,
+            # TurboMind counts a request's prefix-cache hit only with its metrics on (`_get_metrics` in
+            # lmdeploy/turbomind/turbomind.py), LMDeploy 0.18's default; `--disable-metrics` leaves a 0 that was
+            # never measured, so the count is then removed (docs/api.md).
+            cached_tokens=DISABLE_METRICS not in plan.lmdeploy.extra_args,
         )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:

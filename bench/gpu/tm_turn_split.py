@@ -35,7 +35,6 @@ import asyncio
 import json
 import random
 import secrets
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -83,14 +82,16 @@ class TurnSplit:
     prompt_tokens: int = 0
     uncached_tokens: int = 0
     reported_prompt_tokens: dict[str, list[int]] = field(default_factory=dict)
+    reported_cached_tokens: dict[str, list[int | None]] = field(default_factory=dict)
+    """What each path's usage says the prefix cache served (None: no count in it)."""
     ttft_ms: dict[str, list[float]] = field(default_factory=dict)
     fresh_ttft_ms: list[float] = field(default_factory=list)
     template_ms: list[float] = field(default_factory=list)
     encode_ms: list[float] = field(default_factory=list)
 
 
-HEADERS = ("turn", "prompt tokens", "uncached (blocks)", "gateway ms", "chat ms", "ids ms", "fresh ms", "template ms",
-           "encode ms", "chat - ids", "ids / fresh", "gateway / fresh")  # fmt: skip
+HEADERS = ("turn", "prompt tokens", "uncached (blocks)", "LMDeploy's cached", "gateway ms", "chat ms", "ids ms",
+           "fresh ms", "template ms", "encode ms", "chat - ids", "ids / fresh", "gateway / fresh")  # fmt: skip
 
 
 def split_table(rows: Sequence[TurnSplit]) -> str:
@@ -100,10 +101,16 @@ def split_table(rows: Sequence[TurnSplit]) -> str:
         gw, chat, ids = (median(r.ttft_ms.get(p, [])) for p in ("gateway", "chat", "ids"))
         fresh = median(r.fresh_ttft_ms)
         gap = None if chat is None or ids is None else chat - ids
-        out.append((r.turn + 1, fmt(r.prompt_tokens, 0), fmt(r.uncached_tokens, 0), fmt(gw), fmt(chat), fmt(ids),
-                    fmt(fresh), fmt(median(r.template_ms)), fmt(median(r.encode_ms)), fmt(gap),
+        out.append((r.turn + 1, fmt(r.prompt_tokens, 0), fmt(r.uncached_tokens, 0), _said(r), fmt(gw), fmt(chat),
+                    fmt(ids), fmt(fresh), fmt(median(r.template_ms)), fmt(median(r.encode_ms)), fmt(gap),
                     fmt(ratio(ids, fresh), 2), fmt(ratio(gw, fresh), 2)))  # fmt: skip
     return md_table(HEADERS, out)
+
+
+def _said(r: TurnSplit) -> str:
+    """The cached counts LMDeploy's chat path reported (of its own prompt tokens), "-" where it gave none."""
+    pairs = zip(r.reported_cached_tokens.get("chat", []), r.reported_prompt_tokens.get("chat", []), strict=False)
+    return "; ".join(f"{c:,} / {p:,}" for c, p in pairs if c is not None) or "-"
 
 
 def _timed(fn: Callable[[], Any], reps: int = 3) -> tuple[Any, float]:
@@ -113,7 +120,7 @@ def _timed(fn: Callable[[], Any], reps: int = 3) -> tuple[Any, float]:
         start = time.perf_counter()
         value = fn()
         times.append((time.perf_counter() - start) * 1000)
-    return value, statistics.median(times)
+    return value, median(times) or 0.0
 
 
 class Prompter:
@@ -178,6 +185,7 @@ async def run_pass(path: str, turns: Sequence[Turn], rows: list[TurnSplit], urls
             if got.error:
                 print(f"{path} turn {turn.index + 1}: {got.error}", file=sys.stderr)
             row.reported_prompt_tokens.setdefault(path, []).append(got.prompt_tokens or 0)
+            row.reported_cached_tokens.setdefault(path, []).append(got.cached_tokens)
             if path == "ids" and turn.index > 0:
                 fresh = [random.randrange(1000, 30000) for _ in range(row.uncached_tokens)]
                 got = await stream_request(client, base, "chat", "/v1/chat/completions", {},

@@ -30,7 +30,10 @@ def test_split_table_medians_and_ratios() -> None:
     row = TurnSplit(1, prompt_tokens=12000, uncached_tokens=90, template_ms=[8.0, 10.0], encode_ms=[21.0])
     row.ttft_ms = {"gateway": [60.0, 62.0], "chat": [55.0, 57.0], "ids": [20.0, 22.0]}
     row.fresh_ttft_ms = [10.0, 11.0]
+    row.reported_prompt_tokens = {"chat": [11500, 11500]}
+    row.reported_cached_tokens = {"chat": [11392, None]}
     first = TurnSplit(0, prompt_tokens=11900, uncached_tokens=11900)
     table = split_table([first, row])
-    assert "| 1 | 11,900 | 11,900 | - | - | - | - |" in table
-    assert "| 2 | 12,000 | 90 | 61.0 | 56.0 | 21.0 | 10.5 | 9.0 | 21.0 | 35.0 | 2.00 | 5.81 |" in table
+    assert "| 1 | 11,900 | 11,900 | - | - | - | - | - |" in table
+    second = "| 2 | 12,000 | 90 | 11,392 / 11,500 | 61.0 | 56.0 | 21.0 | 10.5 | 9.0 | 21.0 | 35.0 | 2.00 | 5.81 |"
+    assert second in table

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from backends.base import EngineName
+from backends.base import EngineName, LMDeployOptions
 from backends.llamacpp.worker.sampling import SamplingParams
 from backends.llamacpp.worker.tickets import GenerationRequest
+from backends.lmdeploy import DISABLE_METRICS
 from backends.request import EngineRequest
 from gateway.config import Config, PromptCacheSettings
 from gateway.ops.auth import OPEN
@@ -157,10 +158,21 @@ async def test_a_measured_cache_hit_is_relayed_and_counted_per_model() -> None:
     assert _cache_samples(h) == (6.0, 8.0, 0.0)  # no measured prefill speed and no prediction: no seconds yet
 
 
+async def test_lmdeploys_cached_tokens_are_relayed_and_counted_with_its_metrics_on() -> None:
+    """TurboMind counts its prefix-cache hits with its metrics on, LMDeploy 0.18's default (docs/api.md)."""
+    h = Harness(engine=EngineName.LMDEPLOY)
+    h.engine.behaviour = Behaviour(cached_tokens=3)
+    unary = await h.call({"model": "smol", "messages": USER})
+    assert isinstance(unary, UnaryResult) and unary.body is not None
+    assert unary.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
+    assert _cache_samples(h)[:2] == (3.0, 4.0)
+
+
 @pytest.mark.parametrize("said", [0, None])
 async def test_lmdeploys_unmeasured_cached_tokens_never_reach_a_client_or_a_metric(said: int | None) -> None:
-    """LMDeploy's api_server says `cached_tokens: 0` whatever its prefix cache reused (docs/api.md)."""
-    h = Harness(engine=EngineName.LMDEPLOY)
+    """With `--disable-metrics` LMDeploy's api_server says `cached_tokens: 0` whatever its prefix cache reused
+    (docs/api.md)."""
+    h = Harness(engine=EngineName.LMDEPLOY, lmdeploy=LMDeployOptions(extra_args=(DISABLE_METRICS,)))
     h.engine.behaviour = Behaviour(cached_tokens=said)
     unary = await h.call({"model": "smol", "messages": USER})
     assert isinstance(unary, UnaryResult) and unary.body is not None

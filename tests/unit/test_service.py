@@ -15,7 +15,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from backends.base import DeploymentPlan, EngineName
+from backends.base import DeploymentPlan, EngineName, LMDeployOptions
 from backends.llamacpp import LlamaCppAdapter
 from backends.lmdeploy import LMDeployAdapter
 from gateway.admission import Admission
@@ -37,12 +37,19 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 class Harness:
-    def __init__(self, *, capacity: int = 2, max_queue: int = 4, engine: EngineName = EngineName.LLAMACPP) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 2,
+        max_queue: int = 4,
+        engine: EngineName = EngineName.LLAMACPP,
+        lmdeploy: LMDeployOptions = LMDeployOptions(),  # noqa: B008 (frozen)
+    ) -> None:
         self.engine = FakeEngine()
         self.metrics = Metrics(gpu=False)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.engine.app()))
         plan = DeploymentPlan(model="smol-worker", engine=engine, source_path=Path("/m.gguf"), model_format="gguf",
-                              context_tokens=1024, slots=capacity)  # fmt: skip
+                              context_tokens=1024, slots=capacity, lmdeploy=lmdeploy)  # fmt: skip
         adapter = LlamaCppAdapter() if engine is EngineName.LLAMACPP else LMDeployAdapter()
         self.worker = FakeWorker("smol")
         self.worker.start()
