@@ -221,8 +221,8 @@ class RelayResponse(StreamingResponse):
 
 def _inspect_frame(frame: bytes, stats: StreamStats, cached_tokens: bool = True) -> tuple[bool, bytes]:
     """Update stats from one `data:` frame: whether it is the usage-only frame (choices == []), and the frame
-    to relay. With `cached_tokens` False (an engine whose count is not measured: LMDeploy) the usage's
-    `prompt_tokens_details` is taken out of the frame and not read."""
+    to relay. With `cached_tokens` False (an engine whose count is not measured: LMDeploy with --disable-metrics)
+    the usage's `prompt_tokens_details` is taken out of the frame and not read."""
     if b'"usage"' not in frame or frame.startswith(b"data: [DONE]"):
         return False, frame
     try:
