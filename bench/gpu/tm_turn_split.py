@@ -19,7 +19,9 @@ the engine's own one-turn baseline of the new tokens.
 The session is the recorded Open WebUI chat (`bench.sessions`, 36 tools, 13k tokens by turn 8; its background
 tasks left out): the chat API passes through voltgate as it is, so the three paths send the same conversation.
 Each pass replays the same turns (the first pass's answers) with its own nonce at the head of the first user
-message, so no pass finds another's turns cached; the passes run gateway, chat, ids, ids, chat, gateway.
+message, so no pass finds another's conversation cached (a template that renders the tools before the messages,
+as the 8B's does, shares the tools' blocks between passes: turn 1 is then mostly cached, turns 2-8 are cached
+up to the pass's own last turn either way); the passes run gateway, chat, ids, ids, chat, gateway.
 
 A stand-in cannot run this: it needs LMDeploy's TurboMind and its tokenizer (`bench/gpu/run_regress.sh`,
 step `split:tm8b`). Its table functions are unit-tested on the CPU (tests/unit/test_bench_tm_turn_split.py).
