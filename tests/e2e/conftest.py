@@ -21,10 +21,6 @@ from tests.conftest import REPO, free_port
 MODEL = "smollm2-135m"
 DEFAULT_MAX_TOKENS = 40  # the test model's default_max_tokens
 READY_TIMEOUT_S = 180
-# The KV type for suites whose point is a long prompt (agents' and frontends' tool definitions), not the same
-# text alone or batched: on an AVX2-only CPU the worker's default bf16 KV prefilled 3,072 tokens in 146.5 CPU s,
-# f16 in 65.5, and bf16's cost per token grows with the prompt's length (docs/testing.md).
-LONG_PROMPT_KV = "f16"
 
 
 @dataclass

@@ -23,9 +23,8 @@ import pytest
 
 from tests.clients.fixtures import load
 from tests.clients.recorder import sse_events
-from tests.conftest import LONG_PROMPT_THREADS, free_port
+from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
-    LONG_PROMPT_KV,
     Gateway,
     model_entry,
     running_gateway,

@@ -15,9 +15,8 @@ import openai
 import pytest
 
 from tests.clients.fixtures import load
-from tests.conftest import LONG_PROMPT_THREADS, free_port
+from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
-    LONG_PROMPT_KV,
     MODEL,
     Gateway,
     model_entry,

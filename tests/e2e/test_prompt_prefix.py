@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.clients.fixtures import load
-from tests.conftest import LONG_PROMPT_THREADS, free_port
-from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, running_gateway, write_config
+from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS, free_port
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = pytest.mark.e2e
 

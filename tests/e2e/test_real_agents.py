@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LONG_PROMPT_THREADS, free_port
+from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS, free_port
 from tests.e2e.conftest import (
-    LONG_PROMPT_KV,
     MODEL,
     Gateway,
     model_entry,
@@ -125,12 +124,12 @@ def _codex(clients: Path, gateway: Gateway, tmp_path: Path, model: str, *flags: 
     )
     done = _run([str(clients / "codex"), "exec", "--skip-git-repo-check", *flags, "Say hello"], work,
                 {"CODEX_HOME": str(home), "VOLTGATE_API_KEY": "no-real-key", "HOME": str(tmp_path)})  # fmt: skip
-    cut = cut_ok and _only_cut_by_the_cap(done.stdout)
+    cut = cut_ok and _codex_only_cut_by_the_cap(done.stdout)
     assert done.returncode == 0 or cut, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{gateway.log()[-3000:]}"
     return done.stdout
 
 
-def _only_cut_by_the_cap(json_lines: str) -> bool:
+def _codex_only_cut_by_the_cap(json_lines: str) -> bool:
     """Whether Codex's `--json` stream failed its turn for one reason: an answer cut at `max_output_tokens`."""
     events = [json.loads(line) for line in json_lines.splitlines() if line.startswith("{")]
     failures = [e for e in events if e.get("type") in ("error", "turn.failed")]

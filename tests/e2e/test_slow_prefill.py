@@ -16,8 +16,8 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from tests.conftest import free_port
-from tests.e2e.conftest import LONG_PROMPT_KV, MODEL, Gateway, model_entry, running_gateway, write_config
+from tests.conftest import LONG_PROMPT_KV, free_port
+from tests.e2e.conftest import MODEL, Gateway, model_entry, running_gateway, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LONG_PROMPT_THREADS
+from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS
 from tests.integration.test_llamacpp_worker import MODEL, Worker, start_worker, stop
 
 pytestmark = pytest.mark.integration
@@ -31,9 +31,10 @@ TASKS = [
 
 def boot(smollm2_path: Path, log_path: Path, *extra: str) -> Worker:
     # f16 KV: the replay is about which prefix stays cached, not batched bit-equality, and on an AVX2-only CPU
-    # the default bf16 prefills these ~1.8k-token prompts far slower (tests/e2e/conftest.py, LONG_PROMPT_KV)
+    # the default bf16 prefills these ~1.8k-token prompts far slower (tests/conftest.py, LONG_PROMPT_KV)
+    threads = str(LONG_PROMPT_THREADS)
     process, url = start_worker(
-        smollm2_path, log_path, "--ctx", "4096", "--n-threads", str(LONG_PROMPT_THREADS), "--cache-type", "f16", *extra
+        smollm2_path, log_path, "--ctx", "4096", "--n-threads", threads, "--cache-type", LONG_PROMPT_KV, *extra
     )
     worker = Worker(url, log_path, process)
     deadline = time.monotonic() + 120
