@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,11 @@ TM_MOE_UNVERIFIED = (
     "a FP16 mixture of experts on TurboMind was not loaded on a V100: LMDeploy 0.18 has a grouped FP16 GEMM for "
     "sm_70 but none for sm_90 (served as BF16 there, it matched the plan); if its worker fails to start, give the "
     "model a GGUF source and `engine: llamacpp` (docs/placement.md)"
+)
+TM_MOE_SM90 = (
+    "a FP16 mixture of experts will not start on TurboMind here: LMDeploy 0.18 has no grouped FP16 GEMM for sm_90 "
+    '(H100/H200: "no GEMM kernel family"); serve it as BF16 (`lmdeploy.extra_args: ["--dtype", "bfloat16"]`, '
+    "the same memory) or from a GGUF with `engine: llamacpp` (docs/placement.md)"
 )
 TM_TP = "turbomind-fp16-tp"
 TM_W4A16 = "turbomind-w4a16"
@@ -144,6 +150,16 @@ def _dtype(source: SourceInfo, gpus: list[GPU]) -> tuple[str, list[str]]:
     if declared == "float32":
         return "float16", ["float32 checkpoint is loaded as float16"]
     return "float16", []
+
+
+def _moe_warning(gpus: list[GPU], extra_args: tuple[str, ...]) -> str:
+    """What the plan says of a FP16 MoE on TurboMind: it fails on sm_90 unless served as BF16; elsewhere (a V100's
+    sm_70 has the kernel family) it was not loaded here."""
+    words = " ".join(extra_args).replace("=", " ").split()
+    bf16 = any(a == "--dtype" and b == "bfloat16" for a, b in itertools.pairwise(words))
+    if not bf16 and any(g.compute_capability[0] == 9 for g in gpus):
+        return TM_MOE_SM90
+    return TM_MOE_UNVERIFIED
 
 
 def turbomind_gpu_sets(work: ModelWork, budgets: dict[int, int], tp: int) -> list[tuple[int, ...]]:
@@ -268,7 +284,7 @@ def _tm_placed(
     spec = work.spec
     dtype, warnings = _dtype(source, [work.gpus[i] for i in gpus])
     if source.layer_expert_bytes and source.format == "hf":  # AWQ/GPTQ experts have TurboMind's int4 kernels
-        warnings = [*warnings, TM_MOE_UNVERIFIED]
+        warnings = [*warnings, _moe_warning([work.gpus[i] for i in gpus], spec.lmdeploy.extra_args)]
     plan = DeploymentPlan(
         model=spec.name,
         engine=EngineName.LMDEPLOY,

@@ -21,7 +21,7 @@ from gateway.placement.inspection import inspect_gguf
 from gateway.placement.inventory import inventory_from_spec
 from gateway.placement.performance import workload_for
 from gateway.placement.report import PlacementReport
-from gateway.placement.rungs import TM_FP16, TM_MOE_UNVERIFIED, TM_W4A16
+from gateway.placement.rungs import TM_FP16, TM_MOE_SM90, TM_MOE_UNVERIFIED, TM_W4A16
 from tests.unit.placement_models import AWQ_GEMM, LLAMA2_7B, MIXTRAL_8X7B, build_zoo, write_hf_model
 from tests.unit.test_placement_policy import assert_not_overcommitted
 
@@ -127,6 +127,22 @@ def test_a_fp16_moe_on_turbomind_is_planned_with_a_warning(
     decision = plan_models(config_, inventory_from_spec("v100-32gb")).decision("m")
     assert decision.rung == TM_FP16
     assert (TM_MOE_UNVERIFIED in decision.warnings) is warned
+
+
+@pytest.mark.parametrize(("extra_args", "warning"), [((), TM_MOE_SM90), (("--dtype", "bfloat16"), TM_MOE_UNVERIFIED),
+                                                   (("--dtype=bfloat16",), TM_MOE_UNVERIFIED)])  # fmt: skip
+def test_a_fp16_moe_on_an_sm90_gpu_is_told_it_will_not_start_unless_served_as_bf16(
+    tmp_path: Path, extra_args: tuple[str, ...], warning: str
+) -> None:
+    """LMDeploy 0.18 has no grouped FP16 GEMM on sm_90 (bench/results/2026-12-06-tm-moe-h100/); as BF16 it served
+    (bench/results/2026-12-07-gpu-h100-hybrid-moe-8b/)."""
+    write_hf_model(tmp_path / "m", {**MIXTRAL_8X7B, "num_hidden_layers": 8})
+    entry = {"name": "m", "sources": [{"hf": "m"}], "context": 4096, "concurrency": 2,
+             "lmdeploy": {"extra_args": list(extra_args)}}  # fmt: skip
+    config = Config.model_validate({"models": [entry], "base_dir": tmp_path})
+    decision = plan_models(config, inventory_from_spec("h100:80:9.0")).decision("m")
+    assert decision.rung == TM_FP16, decision
+    assert warning in decision.warnings and ({TM_MOE_SM90, TM_MOE_UNVERIFIED} - {warning}).isdisjoint(decision.warnings)
 
 
 def test_an_awq_moe_on_turbomind_gets_w4a16_and_no_fp16_warning(tmp_path: Path) -> None:
