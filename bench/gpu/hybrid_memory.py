@@ -17,7 +17,8 @@ from __future__ import annotations
 
 # First, before numpy (which gateway.placement's GGUF reader imports): llama.cpp's shared libraries, as the worker
 # does (backends/llamacpp/worker/cli.py). On the GPU machine (2026-12-07, H100, the CUDA build) this script, importing
-# numpy first, died with SIGSEGV in the tokenizer's regex at every load, GPU layers or none.
+# numpy first, died with SIGSEGV compiling the tokenizer's regex at model load: every layout with every layer on the
+# GPU, and in one of two runs with none (bench/results/2026-12-07-gpu-h100-hybrid-moe-8b/).
 import backends.llamacpp.worker.native  # noqa: F401
 
 # isort: split
