@@ -32,7 +32,16 @@ ERROR_RESPONSE: dict[str, Any] = {
     "description": "An error in OpenAI's shape (429 and 503 carry Retry-After)",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
 }
-SSE_CONTENT: dict[str, Any] = {"schema": {"type": "string", "description": "data: {chunk} frames, then [DONE]"}}
+# Before OpenAPI 3.2 (`itemSchema`) the `schema` of text/event-stream describes each event, not the stream's text.
+SSE_CONTENT: dict[str, Any] = {
+    "schema": {
+        "type": "object",
+        "description": "One server-sent event: `data:` a JSON chunk (chat and completions end with `[DONE]`); "
+        "the Responses and Messages streams name each event's type in `event:`",
+        "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+    }
+}
 # Operations whose answers are not the JSON FastAPI assumes for a bare `Response`.
 SPECIAL_RESPONSES: dict[str, dict[str, Any]] = {
     "/metrics": {

@@ -42,3 +42,15 @@ def _validator(name: str) -> Draft202012Validator:
 def assert_matches_openai(name: str, body: Any) -> None:
     """Raise jsonschema.ValidationError if `body` is not a valid OpenAI `name` object."""
     _validator(name).validate(body)
+
+
+def assert_completion_chunk(body: dict[str, Any]) -> None:
+    """A streamed `/v1/completions` chunk against OpenAI's `CreateCompletionResponse`. OpenAI's schema shares one
+    shape for streamed and whole completions, but its streams (and every client) carry `finish_reason` and `usage`
+    null until the last chunk: those two are filled in (on a copy) and the rest of the shape checked strictly."""
+    body = json.loads(json.dumps(body))
+    if body.get("usage", 0) is None:
+        del body["usage"]
+    for choice in body.get("choices", []):
+        choice["finish_reason"] = choice.get("finish_reason") or "stop"
+    assert_matches_openai("CreateCompletionResponse", body)
