@@ -98,6 +98,17 @@ class LMDeployOptions(_Frozen):
     )
     extra_args: tuple[str, ...] = ()
 
+    def extra_value(self, flag: str) -> str | None:
+        """What `extra_args` gives `flag` (`--flag value` or `--flag=value`; the last one wins, as in LMDeploy's
+        argparse): its value, "" for a flag with none, None where it is not there."""
+        words = [w for arg in self.extra_args for w in arg.replace("=", " ", 1).split()]
+        found = None
+        for i, word in enumerate(words):
+            if word == flag:
+                after = words[i + 1] if i + 1 < len(words) else ""
+                found = "" if after.startswith("--") else after
+        return found
+
 
 ModelFormat = Literal["gguf", "hf", "awq", "gptq", "remote"]
 

@@ -61,7 +61,7 @@ class LMDeployAdapter:
             # TurboMind counts a request's prefix-cache hit only with its metrics on (`_get_metrics` in
             # lmdeploy/turbomind/turbomind.py), LMDeploy 0.18's default; `--disable-metrics` leaves a 0 that was
             # never measured, so the count is then removed (docs/api.md).
-            cached_tokens=DISABLE_METRICS not in plan.lmdeploy.extra_args,
+            cached_tokens=plan.lmdeploy.extra_value(DISABLE_METRICS) is None,
         )
 
     def __init__(self, startup_timeout_s: float = 900.0) -> None:

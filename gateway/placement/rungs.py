@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from backends.base import DeploymentPlan, EngineName
+from backends.base import DeploymentPlan, EngineName, LMDeployOptions
 from gateway.config import ModelSpec, PlacementSettings, mmproj_path
 from gateway.placement.estimate import (
     LLAMACPP_KV_ELEMENT_BYTES,
@@ -152,11 +151,10 @@ def _dtype(source: SourceInfo, gpus: list[GPU]) -> tuple[str, list[str]]:
     return "float16", []
 
 
-def _moe_warning(gpus: list[GPU], extra_args: tuple[str, ...]) -> str:
+def _moe_warning(gpus: list[GPU], options: LMDeployOptions) -> str:
     """What the plan says of a FP16 MoE on TurboMind: it fails on sm_90 unless served as BF16; elsewhere (a V100's
     sm_70 has the kernel family) it was not loaded here."""
-    words = " ".join(extra_args).replace("=", " ").split()
-    bf16 = any(a == "--dtype" and b == "bfloat16" for a, b in itertools.pairwise(words))
+    bf16 = options.extra_value("--dtype") == "bfloat16"
     if not bf16 and any(g.compute_capability[0] == 9 for g in gpus):
         return TM_MOE_SM90
     return TM_MOE_UNVERIFIED
@@ -284,7 +282,7 @@ def _tm_placed(
     spec = work.spec
     dtype, warnings = _dtype(source, [work.gpus[i] for i in gpus])
     if source.layer_expert_bytes and source.format == "hf":  # AWQ/GPTQ experts have TurboMind's int4 kernels
-        warnings = [*warnings, _moe_warning([work.gpus[i] for i in gpus], spec.lmdeploy.extra_args)]
+        warnings = [*warnings, _moe_warning([work.gpus[i] for i in gpus], spec.lmdeploy)]
     plan = DeploymentPlan(
         model=spec.name,
         engine=EngineName.LMDEPLOY,

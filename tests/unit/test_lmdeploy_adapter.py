@@ -263,3 +263,20 @@ def test_template_switches_reach_lmdeploy_and_the_thinking_budget_does_not() -> 
     assert out["chat_template_kwargs"] == {"enable_thinking": True}
     assert "thinking_budget_tokens" not in out
     assert out["messages"][1] == {"role": "assistant", "content": "hello", "reasoning_content": "greet"}
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "flag", "value"),
+    [
+        (("--dtype", "bfloat16"), "--dtype", "bfloat16"),
+        (("--dtype=bfloat16",), "--dtype", "bfloat16"),
+        (("--dtype bfloat16",), "--dtype", "bfloat16"),
+        (("--dtype", "float16", "--dtype", "bfloat16"), "--dtype", "bfloat16"),  # the last wins, as in argparse
+        (("--disable-metrics",), "--disable-metrics", ""),
+        (("--disable-metrics", "--dtype", "bfloat16"), "--disable-metrics", ""),
+        (("--dtype", "bfloat16"), "--disable-metrics", None),
+        ((), "--dtype", None),
+    ],
+)
+def test_extra_args_are_read_as_lmdeploys_argparse_would(extra_args: tuple[str, ...], flag: str, value: str) -> None:
+    assert LMDeployOptions(extra_args=extra_args).extra_value(flag) == value
