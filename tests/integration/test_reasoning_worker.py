@@ -77,13 +77,14 @@ def test_an_unclosed_block_is_all_thinking(r1: str) -> None:
 
 
 def test_the_budget_closes_the_thinking_and_the_answer_follows(r1: str) -> None:
-    body = _chat(r1, thinking_budget_tokens=5, ignore_eos=True, max_tokens=32)
+    body = _chat(r1, thinking_budget_tokens=5, ignore_eos=True, max_tokens=96)
     message, usage = body["choices"][0]["message"], body["usage"]
     assert message["reasoning_content"] and message["content"]
-    # the forced closing ends the thinking and stays out of both texts; what the model writes after it with
-    # `ignore_eos` is its own (greedy SmolLM2 on an AVX2-only CPU copies a `</think>` into its answer later on)
+    # the forced closing ends the thinking and stays out of both texts; the tags the model writes after it
+    # are hidden (greedy SmolLM2 on an AVX2-only EPYC goes on with its thought and copies `</think>` into its
+    # answer again and again: llama.cpp issue 28182's desync)
     assert not any(tag in message["reasoning_content"] for tag in TAGS)
-    assert not message["content"].lstrip().startswith(TAGS), message["content"]
+    assert not any(tag in message["content"] for tag in TAGS), message["content"]
     # the 5 budgeted tokens, then the closing's tokens until `</think>` is complete
     assert 5 <= usage["completion_tokens_details"]["reasoning_tokens"] < 12
 
@@ -91,7 +92,7 @@ def test_the_budget_closes_the_thinking_and_the_answer_follows(r1: str) -> None:
 def test_the_stream_carries_reasoning_deltas_before_the_answer(r1: str) -> None:
     client = openai.OpenAI(base_url=r1 + "/v1", api_key="unused")
     stream = client.chat.completions.create(
-        model=MODEL, messages=QUESTION, temperature=0, max_tokens=32, stream=True,  # type: ignore[arg-type]
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=96, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
         extra_body={"thinking_budget_tokens": 5, "ignore_eos": True},
     )  # fmt: skip

@@ -8,6 +8,7 @@ import pytest
 
 from backends.llamacpp.worker.reasoning import (
     NO_REASONING,
+    BudgetTracker,
     ReasoningStream,
     ReasoningSyntax,
     Start,
@@ -197,6 +198,39 @@ def test_the_budget_tracker_closes_an_open_block_after_limit_tokens() -> None:
 def test_the_budget_is_not_spent_on_a_block_the_model_closed() -> None:
     tracker = ThinkingBudget(2, (9,), DEEPSEEK, "thinking").tracker()
     assert [tracker.after(t) for t in ["x", "</think>", "answer", "text", "more"]] == [()] * 5
+
+
+def _cut(tracker: BudgetTracker, tokens: list[str]) -> tuple[str, int]:
+    """What the tokens' texts show through `tracker` (each `after` first, as the engine calls them), and the
+    characters hidden; the end of generation flushes what it held."""
+    shown, hidden = [], 0
+    for token in tokens:
+        tracker.after(token)
+        text, n = tracker.shown(token)
+        shown.append(text)
+        hidden += n
+    text, n = tracker.shown("", final=True)
+    return "".join(shown) + text, hidden + n
+
+
+def test_after_a_forced_closing_the_models_own_tags_are_hidden() -> None:
+    """llama.cpp issue 28182's desync: cut by its budget, the model goes on thinking and closes with its own
+    `</think>` (split across tokens here), and may copy tags again; the answer shows its text but no tag."""
+    tracker = ThinkingBudget(2, (7, 8), DEEPSEEK, "thinking").tracker()
+    tokens = ["a", " b", "</think>", "\n\n", "still", " <think", ">ing", "</", "think>", " done", " </think> kept"]
+    assert _cut(tracker, tokens) == ("a b</think>\n\nstill ing done  kept", len("<think></think></think>"))
+
+
+def test_the_models_own_tags_are_shown_untouched_without_a_forced_closing() -> None:
+    natural = ThinkingBudget(5, (7,), DEEPSEEK, "thinking").tracker()
+    assert _cut(natural, ["x", "</think>", "a </think>", " <thi"]) == ("x</think>a </think> <thi", 0)
+    harmony = ThinkingBudget(1, (7,), HARMONY, "thinking").tracker()
+    assert _cut(harmony, ["x", "<|end|>", "y</think>"]) == ("x<|end|>y</think>", 0)
+
+
+def test_a_possible_tag_held_after_a_forced_closing_goes_out_when_generation_ends() -> None:
+    tracker = ThinkingBudget(1, (7,), DEEPSEEK, "thinking").tracker()
+    assert _cut(tracker, ["x", "</think>", "answer </thi"]) == ("x</think>answer </thi", 0)
 
 
 def test_harmony_a_header_counts_as_thinking_until_it_opens_no_analysis() -> None:

@@ -9,6 +9,7 @@ import numpy.typing as npt
 import pytest
 
 from backends.llamacpp.worker.logprobs import LogprobAsk, LogprobQueue, step_logprobs
+from backends.llamacpp.worker.reasoning import ReasoningSyntax, ThinkingBudget
 from backends.llamacpp.worker.sampling import SamplingParams
 from backends.llamacpp.worker.slots import SeqState, Slot
 from backends.llamacpp.worker.tickets import GenerationRequest, Ticket, TokenLogprob
@@ -104,8 +105,8 @@ class FakeModel:
     eog_ids = frozenset({99})
 
 
-def sequence(stop: tuple[str, ...]) -> SeqState:
-    request = GenerationRequest("r", (1, 2), SamplingParams(), stop=stop, logprobs=0)
+def sequence(stop: tuple[str, ...], budget: ThinkingBudget | None = None) -> SeqState:
+    request = GenerationRequest("r", (1, 2), SamplingParams(), stop=stop, logprobs=0, thinking_budget=budget)
     ticket = Ticket(request, asyncio.new_event_loop(), lambda: None)
     ticket.loop.close()
     return SeqState(ticket, Slot(0), None, FakeModel(), group=1, cached_tokens=0)  # type: ignore[arg-type]
@@ -139,3 +140,17 @@ def test_sequence_names_the_stop_string_that_ended_it_of_several() -> None:
     assert (first.text, first.matched) == ("one ", None)
     ended = seq.push(b"ND two", entry(1))
     assert (ended.text, ended.matched) == ("", "END")  # END and EN start at the same place: END is listed first
+
+
+def test_a_budget_cut_models_own_closing_tag_is_hidden_and_its_entry_still_goes_out() -> None:
+    """Past a 1-token budget the sequence forces the closing (token 7); the model then closes its thought
+    itself: that `</think>` is not shown, and the entries of the tokens that wrote it go out once it is hidden."""
+    seq = sequence(stop=(), budget=ThinkingBudget(1, (7,), ReasoningSyntax("deepseek"), "thinking"))
+    assert seq.push(b"idea", entry(0)).text == "idea" and seq.forced == [7]
+    assert seq.push(b"</think>", entry(7)).text == "</think>"  # the forced closing (the scheduler pops it)
+    held = seq.push(b"more </th", entry(1))
+    assert (held.text, held.logprobs) == ("more ", ())  # "</th" may start the tag: held with its token's entry
+    hidden = seq.push(b"ink>", entry(2))
+    assert (hidden.text, hidden.logprobs) == ("", (entry(1), entry(2)))
+    assert seq.push(b"\n\nHi", entry(3)).logprobs == (entry(3),)
+    assert seq.push(b" </think>", entry(4)).text == " "  # and every later one

@@ -142,26 +142,58 @@ class ThinkingBudget:
 
 
 class BudgetTracker:
-    """One sequence's thinking-token count (engine thread; plain Python, a few string operations a token)."""
+    """One sequence's thinking-token count (engine thread; plain Python, a few string operations a token).
+
+    A model cut off by its budget does not know it was: it may go on with its thought in the answer and
+    close it with its own `</think>`, and a small one then copies that tag again and again (llama.cpp issue
+    28182, seen with Qwen3.6; SmolLM2 in our agent tests). After a forced deepseek closing, `shown` hides
+    every reasoning tag the model writes in the rest of the reply, so an answer never shows a raw tag; the
+    text around them stays the answer's (it was streamed as such). Harmony needs none of this: its stream
+    reads every header.
+    """
 
     def __init__(self, budget: ThinkingBudget) -> None:
         self._budget = budget
         self._stream = ReasoningStream(budget.syntax, budget.start)
         self._spent = 0
-        self._closed = False
+        self._phase: Literal["counting", "closing", "closed", "hiding", "done"] = "counting"
+        self._closing_left = 0  # forced closing tokens still to pass through `after`
+        self._held = ""  # what may still be the start of a hidden tag
 
     def after(self, text: str) -> tuple[int, ...]:
         """The tokens to force next, given the text of the token just generated: the closing once the
         budget is spent inside a still open thinking block, else nothing."""
-        if self._closed:
+        if self._phase == "closing":
+            self._closing_left -= 1
+            self._phase = "closing" if self._closing_left else "closed"
+        elif self._phase == "closed":  # the model's first token after the forced closing
+            self._phase = "hiding" if self._budget.syntax.format == "deepseek" else "done"
+        if self._phase != "counting":
             return ()
         if self._stream.thinking:
             self._spent += 1
         self._stream.push(text)
         if self._spent >= self._budget.limit and self._stream.thinking:
-            self._closed = True
+            self._phase, self._closing_left = "closing", len(self._budget.closing)
             return self._budget.closing
         return ()
+
+    def shown(self, text: str, *, final: bool = False) -> tuple[str, int]:
+        """The part of `text` (the tokens' text after `after`) to show, and how many characters were hidden;
+        `final`: nothing follows, so text held as a possible tag goes out."""
+        if self._phase != "hiding":
+            return text, 0
+        tags = (THINK_OPEN, THINK_CLOSE)
+        buffer, out, hidden = self._held + text, [], 0
+        at, tag = _first(buffer, tags)
+        while tag is not None:
+            out.append(buffer[:at])
+            buffer, hidden = buffer[at + len(tag) :], hidden + len(tag)
+            at, tag = _first(buffer, tags)
+        keep = 0 if final else max(_partial_suffix(buffer, t) for t in tags)
+        out.append(buffer[: len(buffer) - keep])
+        self._held = buffer[len(buffer) - keep :]
+        return "".join(out), hidden
 
 
 def after_thinking(

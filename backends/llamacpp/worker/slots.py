@@ -122,20 +122,24 @@ class SeqState:
         if self.logprobs is not None and entry is not None:
             self.logprobs.add(entry, len(text))
         result = self.stops.push(text)
-        if self.budget is not None:  # a spent thinking budget: its closing tokens come next
-            self.forced += self.budget.after(result.text)
-        return self._emitted(result.text, result.matched, final=False)
+        if self.budget is None:
+            return self._emitted(result.text, result.matched, final=False)
+        self.forced += self.budget.after(result.text)  # a spent thinking budget: its closing tokens come next
+        shown, hidden = self.budget.shown(result.text, final=result.stopped)
+        return self._emitted(shown, result.matched, final=False, hidden=hidden)
 
     def flush(self) -> Emitted:
         """Generation ended on EOS or a limit: release the held-back text (it may still complete a stop)."""
         result = self.stops.push(self.utf8.flush())
         text = result.text if result.stopped else result.text + self.stops.flush()
-        return self._emitted(text, result.matched, final=True)
+        shown, hidden = self.budget.shown(text, final=True) if self.budget is not None else (text, 0)
+        return self._emitted(shown, result.matched, final=True, hidden=hidden)
 
-    def _emitted(self, text: str, matched: str | None, *, final: bool) -> Emitted:
+    def _emitted(self, text: str, matched: str | None, *, final: bool, hidden: int = 0) -> Emitted:
+        """`hidden`: characters of the text not shown (a budget-cut model's own reasoning tags), released too."""
         if self.logprobs is None:
             return Emitted(text, (), matched)
-        entries = self.logprobs.release(len(text), stopped=matched is not None, final=final)
+        entries = self.logprobs.release(len(text) + hidden, stopped=matched is not None, final=final)
         return Emitted(text, entries, matched)
 
 
