@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +27,9 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from gateway.protocol.rerank import RerankResponse
-from tests.conftest import REPO, free_port
 from tests.fixtures.tiny_bert import CLS_ID, N_CTX_TRAIN, N_EMBD, SEP_ID, vocabulary, write_tiny_bert
 from tests.openai_schema import assert_matches_openai
+from tests.worker_process import running_worker, start_worker, stop
 
 pytestmark = pytest.mark.integration
 
@@ -71,48 +69,11 @@ class Worker:
         return np.array([d["embedding"] for d in data], dtype=np.float64)
 
 
-def launch(model: Path, log_path: Path, name: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "backends.llamacpp.worker",
-        "--model", str(model), "--model-name", name, "--host", "127.0.0.1", "--port", str(port),
-        "--n-threads", "1", *args,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def _module_worker(tmp_path_factory: pytest.TempPathFactory, model: Path, name: str, *args: str) -> Iterator[Worker]:
-    """Start a worker, wait for /health 200 (only 503s before it), yield it, stop it."""
+    """A worker serving `model` as `name`, ready (only 503s before /health's 200), stopped after the module."""
     log_path = tmp_path_factory.mktemp(name) / "worker.log"
-    process, url = launch(model, log_path, name, *args)
-    try:
-        deadline = time.monotonic() + 60
-        statuses = []
-        while True:
-            assert process.poll() is None, f"worker exited with {process.returncode}:\n{log_path.read_text()}"
-            try:
-                statuses.append(httpx.get(f"{url}/health", timeout=2).status_code)
-                if statuses[-1] == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "worker not healthy within 60s"
-            time.sleep(0.05)
-        assert set(statuses) <= {200, 503}
+    with running_worker(model, log_path, "--n-threads", "1", *args, name=name) as (process, url):
         yield Worker(url, name, log_path, process)
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="module")
@@ -369,9 +330,8 @@ def test_rerank_refusals(reranker: Worker) -> None:
 
 
 def test_a_reranker_gguf_served_for_embeddings_fails_at_load(tiny_reranker: Path, tmp_path: Path) -> None:
-    process, _ = launch(
-        tiny_reranker, tmp_path / "worker.log", "wrong", "--task", "embed", "--ctx", "64", "--slots", "2"
-    )
+    args = ("--n-threads", "1", "--task", "embed", "--ctx", "64", "--slots", "2")
+    process, _ = start_worker(tiny_reranker, tmp_path / "worker.log", *args, name="wrong")
     try:
         assert process.wait(60) == 1
     finally:
@@ -419,7 +379,8 @@ async def test_concurrent_requests_share_forward_passes(smollm2: Worker) -> None
 
 
 def test_decoder_without_pooling_metadata_needs_pooling(smollm2_path: Path, tmp_path: Path) -> None:
-    process, _ = launch(smollm2_path, tmp_path / "worker.log", "smol", "--task", "embed", "--ctx", "64", "--slots", "2")
+    args = ("--n-threads", "1", "--task", "embed", "--ctx", "64", "--slots", "2")
+    process, _ = start_worker(smollm2_path, tmp_path / "worker.log", *args, name="smol")
     try:
         assert process.wait(60) == 1
     finally:

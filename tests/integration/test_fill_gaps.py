@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from backends.llamacpp.worker.slots import Run, Slot, fillers
-from tests.integration.test_llamacpp_worker import CASES, CTX, MAX_QUEUE, SLOTS, run_case, start_worker, stop
+from tests.integration.test_llamacpp_worker import CASES, CTX, MAX_QUEUE, SLOTS, run_case
+from tests.worker_process import start_worker, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

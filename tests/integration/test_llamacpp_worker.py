@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,12 +17,11 @@ import pytest_asyncio
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tests.conftest import REPO, free_port
 from tests.openai_schema import assert_matches_openai
+from tests.worker_process import MODEL, running_worker, start_worker, stop
 
 pytestmark = pytest.mark.integration
 
-MODEL = "smollm2-test"
 SLOTS = 4
 CTX = 1024
 MAX_QUEUE = 16
@@ -62,51 +60,13 @@ class Worker:
             time.sleep(0.05)
 
 
-def start_worker(model: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "backends.llamacpp.worker",
-        "--model", str(model), "--model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        *extra,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture(scope="module")
 def worker(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     log_path = tmp_path_factory.mktemp("llamacpp-worker") / "worker.log"
     # One thread: ggml's thread barriers crawl when other test processes share the (CI-sized) cores.
     args = ["--ctx", str(CTX), "--slots", str(SLOTS), "--max-queue", str(MAX_QUEUE), "--n-threads", "1"]
-    process, url = start_worker(smollm2_path, log_path, *args)
-    try:
-        deadline = time.monotonic() + 60
-        statuses = []
-        while True:
-            assert process.poll() is None, f"worker exited with {process.returncode}:\n{log_path.read_text()}"
-            try:
-                status = httpx.get(f"{url}/health", timeout=2).status_code
-                statuses.append(status)
-                if status == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "worker not healthy within 60s"
-            time.sleep(0.05)
-        assert set(statuses) <= {200, 503}
+    with running_worker(smollm2_path, log_path, *args) as (process, url):
         yield Worker(url, log_path, process)
-    finally:
-        stop(process)
 
 
 @pytest_asyncio.fixture(loop_scope="function")

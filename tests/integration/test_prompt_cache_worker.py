@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from tests.conftest import LONG_PROMPT_THREADS
-from tests.integration.test_llamacpp_worker import MODEL, Worker, start_worker, stop
+from tests.integration.test_llamacpp_worker import Worker
+from tests.worker_process import MODEL, running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -37,20 +38,9 @@ A, B, C = document("apples"), document("bicycles"), document("comets")
 def running(smollm2_path: Path, tmp_path: Path, *extra: str) -> Iterator[Worker]:
     log_path = tmp_path / "worker.log"
     threads = str(LONG_PROMPT_THREADS)
-    process, url = start_worker(smollm2_path, log_path, "--ctx", "2048", "--slots", "1", "--n-threads", threads, *extra)
-    worker = Worker(url, log_path, process)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, worker.log()
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "worker not healthy in 120 s"
-            time.sleep(0.1)
-        yield worker
-    finally:
-        stop(process)
+    args = ("--ctx", "2048", "--slots", "1", "--n-threads", threads, *extra)
+    with running_worker(smollm2_path, log_path, *args, ready_s=120) as (process, url):
+        yield Worker(url, log_path, process)
 
 
 def ask(worker: Worker, text: str) -> tuple[str, int, int]:

@@ -22,8 +22,8 @@ from backends.llamacpp.worker.text import ChatTemplate
 from backends.llamacpp.worker.tools.messages import template_messages
 from backends.request import EngineMessage
 from tests.fixtures.gguf_templates import retemplated_gguf, template_text
-from tests.integration.test_llamacpp_worker import MODEL, start_worker, stop
-from tests.integration.test_tool_families import TOOLS, _wait_ready
+from tests.integration.test_tool_families import TOOLS
+from tests.worker_process import MODEL, running_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,12 +33,8 @@ TAGS = ("<think>", "</think>")
 
 def _worker(family: str, smollm2_path: Path, tmp: Path) -> Iterator[str]:
     model = retemplated_gguf(smollm2_path, tmp / f"smollm2-{family}.gguf", template_text(family))
-    process, url = start_worker(model, tmp / "worker.log", "--ctx", "2048", "--slots", "2", "--n-threads", "1")
-    try:
-        _wait_ready(url, process, tmp / "worker.log")
+    with running_worker(model, tmp / "worker.log", "--ctx", "2048", "--slots", "2", "--n-threads", "1") as (_, url):
         yield url
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="module")

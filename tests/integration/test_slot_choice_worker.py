@@ -4,8 +4,6 @@ as Open WebUI sends them. The next message must find its prefix still cached (is
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,8 @@ import httpx
 import pytest
 
 from tests.conftest import LONG_PROMPT_KV, LONG_PROMPT_THREADS
-from tests.integration.test_llamacpp_worker import MODEL, Worker, start_worker, stop
+from tests.integration.test_llamacpp_worker import Worker
+from tests.worker_process import MODEL, start_worker, stop, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -36,18 +35,12 @@ def boot(smollm2_path: Path, log_path: Path, *extra: str) -> Worker:
     process, url = start_worker(
         smollm2_path, log_path, "--ctx", "4096", "--n-threads", threads, "--cache-type", LONG_PROMPT_KV, *extra
     )
-    worker = Worker(url, log_path, process)
-    deadline = time.monotonic() + 120
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(worker.log())
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return worker
-        if time.monotonic() > deadline:
-            stop(process)
-            raise AssertionError("worker not healthy in 120 s")
-        time.sleep(0.1)
+    try:
+        wait_ready(url, process, log_path, 120)
+    except AssertionError:
+        stop(process)
+        raise
+    return Worker(url, log_path, process)
 
 
 @pytest.fixture(scope="module")

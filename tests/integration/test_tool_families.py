@@ -7,10 +7,7 @@ process proves the whole native path of that family: render → grammar → gene
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.fixtures.gguf_templates import retemplated_gguf, template_text
-from tests.integration.test_llamacpp_worker import MODEL, start_worker, stop
+from tests.worker_process import MODEL, running_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,23 +40,8 @@ def family_worker(
     family = str(request.param)
     tmp = tmp_path_factory.mktemp(family)
     model = retemplated_gguf(smollm2_path, tmp / f"smollm2-{family}.gguf", template_text(family))
-    process, url = start_worker(model, tmp / "worker.log", "--ctx", "4096", "--slots", "1", "--n-threads", "2")
-    try:
-        _wait_ready(url, process, tmp / "worker.log")
+    with running_worker(model, tmp / "worker.log", "--ctx", "4096", "--slots", "1", "--n-threads", "2") as (_, url):
         yield family, url
-    finally:
-        stop(process)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, log.read_text()
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        assert time.monotonic() < deadline, "worker not healthy within 60 s"
-        time.sleep(0.1)
 
 
 def _ask(url: str, **extra: object) -> dict:
