@@ -28,7 +28,14 @@ INSTALL_HINT = "install it with: pip install 'voltgate[lmdeploy]' (needs CUDA 12
 # Fields of the engine request that LMDeploy's api_server does not take as they are (its own `session_id` is an
 # interactive-mode integer, not a routing key: voltgate's `session_key` is not sent). LMDeploy has no thinking
 # budget: TurboMind honours thinking on or off (`chat_template_kwargs`) only (docs/reasoning.md).
-_DROP = {"stream_options", "continue_final_message", "ignore_eos_default", "session_key", "thinking_budget_tokens"}
+_DROP = {
+    "stream_options",
+    "continue_final_message",
+    "ignore_eos_default",
+    "session_key",
+    "thinking_budget_tokens",
+    "thinking_budget_message",
+}
 
 
 class LMDeployNotInstalled(Exception):

@@ -54,6 +54,9 @@ StopString = Annotated[str, Field(min_length=1)]
 STOP_LIMIT = 16
 """Stop strings per request. OpenAI allows 4; chat frontends send more, and both engines handle 16."""
 
+MAX_BUDGET_MESSAGE_CHARS = 1000
+"""A thinking budget's message: a sentence or two, forced token by token into every cut reply."""
+
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
 
@@ -236,6 +239,13 @@ class EngineRequest(_Frozen):
         default=None,
         ge=0,
         description="tokens the model may think before the worker closes the thinking; 0: none; null: no limit",
+    )
+    thinking_budget_message: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_BUDGET_MESSAGE_CHARS,
+        description="text the worker writes into the thinking before it closes it at the budget (the model's "
+        "own `reasoning.budget_message`), so the model wraps up rather than going on with its thought",
     )
 
     @model_validator(mode="after")

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backends.request import MAX_BUDGET_MESSAGE_CHARS
+
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 """OpenAI's reasoning efforts (chat `reasoning_effort`, Responses `reasoning.effort`)."""
 
@@ -53,6 +55,14 @@ class ReasoningDefault(BaseModel):
     budget_tokens: int | None = Field(
         default=None, ge=0, description="thinking tokens before the worker closes the thinking (0: no thinking)"
     )
+    budget_message: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_BUDGET_MESSAGE_CHARS,
+        description="text written into the thinking where the budget cuts it, before the closing: the model reads "
+        "it as its own last thought and wraps up (llama-server's --reasoning-budget-message; the wording that works "
+        "is the model's: none by default)",
+    )
     field: Literal["reasoning_content", "reasoning"] = Field(
         default="reasoning_content",
         description="the chat answer's thinking field: llama.cpp's and LMDeploy's name, or vLLM's and Ollama's",
@@ -78,14 +88,16 @@ class ReasoningAsk:
 @dataclass(frozen=True)
 class Reasoning:
     """The reasoning a request is served with: `effort` as the Responses API echoes it (None: none named),
-    `enabled` the template switch (None: left to the template), `budget_tokens` the worker's limit."""
+    `enabled` the template switch (None: left to the template), `budget_tokens` the worker's limit and
+    `budget_message` what it writes into the thinking where it cuts it."""
 
     effort: Effort | None = None
     enabled: bool | None = None
     budget_tokens: int | None = None
+    budget_message: str | None = None
 
     def engine_fields(self, client_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """`chat_template_kwargs` and `thinking_budget_tokens` for the engine request; the client's own
+        """`chat_template_kwargs`, `thinking_budget_tokens` (and its message) for the engine request; the client's own
         template variables (`client_kwargs`) win over ours."""
         kwargs: dict[str, Any] = {}
         if self.enabled is not None:
@@ -98,6 +110,8 @@ class Reasoning:
             out["chat_template_kwargs"] = kwargs
         if self.budget_tokens is not None:
             out["thinking_budget_tokens"] = self.budget_tokens
+        if self.budget_tokens and self.budget_message:
+            out["thinking_budget_message"] = self.budget_message
         return out
 
 
@@ -120,4 +134,4 @@ def resolve(ask: ReasoningAsk, default: ReasoningDefault) -> Reasoning:
         return Reasoning(effort="none", enabled=False, budget_tokens=0)
     if effort is None and budget is None:
         return Reasoning()
-    return Reasoning(effort=effort, enabled=True, budget_tokens=budget)
+    return Reasoning(effort=effort, enabled=True, budget_tokens=budget, budget_message=default.budget_message)

@@ -198,7 +198,8 @@ class Model(_Out):
         default=None, description="voltgate extension: glob patterns of names that reach it (docs/configuration.md)"
     )
     reasoning: dict[str, Any] | None = Field(
-        default=None, description="voltgate extension: the model's reasoning default (effort, budget_tokens, field)"
+        default=None,
+        description="voltgate extension: the model's reasoning default (effort, budget_tokens, budget_message, field)",
     )
 
 

@@ -38,6 +38,8 @@ THINKING_TEMPLATE = (
 )
 """Qwen3's and DeepSeek-R1's shape: thinking on, the prompt opens `<think>` (SmolLM2 then writes its thinking,
 never closing it: all of it is thinking); `enable_thinking: false` writes an empty thinking first."""
+BUDGET_MESSAGE = "Enough thinking: I answer now."
+"""The vLLM-named model's `reasoning.budget_message`."""
 ASK = [{"role": "user", "content": "What is 2+2?"}]
 GREEDY = {"temperature": 0}
 
@@ -48,7 +50,8 @@ def thinking(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     gguf = retemplated_gguf(smollm2_path, tmp / "smollm2-thinking.gguf", THINKING_TEMPLATE)
     entry = model_entry(gguf, name=MODEL, default_max_tokens=24, reasoning={"effort": "low", "budget_tokens": BUDGET})
     renamed = model_entry(gguf, name=VLLM_NAMED, default_max_tokens=24, concurrency=1,
-                          reasoning={"budget_tokens": BUDGET, "field": "reasoning"})  # fmt: skip
+                          reasoning={"budget_tokens": BUDGET, "field": "reasoning",
+                                     "budget_message": BUDGET_MESSAGE})  # fmt: skip
     with running_gateway(write_config(tmp, gguf, free_port(), models=[entry, renamed]), tmp / "gateway.log") as gw:
         yield gw
 
@@ -64,7 +67,8 @@ def parsed(thinking: Gateway) -> Gateway:
 
 def test_the_models_reasoning_default_is_shown_in_models(thinking: Gateway) -> None:
     entry = httpx.get(f"{thinking.base_url}/models/{MODEL}", timeout=10).json()
-    assert entry["reasoning"] == {"effort": "low", "budget_tokens": BUDGET, "field": "reasoning_content"}
+    assert entry["reasoning"] == {"effort": "low", "budget_tokens": BUDGET, "budget_message": None,
+                                  "field": "reasoning_content"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -118,6 +122,19 @@ def test_the_budget_closes_the_thinking_and_the_answer_follows(parsed: Gateway) 
     # of SmolLM2's vocabulary, counted as thinking); without the budget the thinking runs to max_tokens
     assert 4 <= (answer.usage.completion_tokens_details.reasoning_tokens or 0) <= 8
     assert answer.choices[0].message.content
+
+
+def test_a_models_budget_message_ends_a_thinking_its_budget_cut(parsed: Gateway) -> None:
+    """The config's `reasoning.budget_message` reaches the real worker with the model's budget: written where
+    the budget cuts the thinking, it is the thinking's last words, and the answer follows without it."""
+    body = {"model": VLLM_NAMED, "messages": ASK, "max_tokens": 48, **GREEDY}
+    response = httpx.post(f"{parsed.base_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    assert message["reasoning"].rstrip().endswith(BUDGET_MESSAGE), message
+    assert BUDGET_MESSAGE not in (message["content"] or ""), message
+    shown = httpx.get(f"{parsed.base_url}/models/{VLLM_NAMED}", timeout=10).json()["reasoning"]
+    assert shown["budget_message"] == BUDGET_MESSAGE
 
 
 def test_a_chat_stream_sends_the_thinking_before_the_answer(parsed: Gateway) -> None:

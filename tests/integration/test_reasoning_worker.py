@@ -85,6 +85,18 @@ def test_the_budget_closes_the_thinking_and_the_answer_follows(r1: str) -> None:
     assert 5 <= usage["completion_tokens_details"]["reasoning_tokens"] < 12
 
 
+def test_a_budget_message_is_the_thinkings_last_words(r1: str, gpt_oss: str) -> None:
+    """`thinking_budget_message` is forced in before the closing: the thinking ends with it, the answer has none
+    of it, and its tokens count as thinking (the answer is the same model's answer after it)."""
+    note = "Enough: I answer now."
+    for url in (r1, gpt_oss):
+        body = _chat(url, thinking_budget_tokens=3, thinking_budget_message=note, ignore_eos=True, max_tokens=40)
+        message, usage = body["choices"][0]["message"], body["usage"]
+        assert message["reasoning_content"].rstrip().endswith(note), (url, message)
+        assert note not in (message["content"] or ""), (url, message)
+        assert usage["completion_tokens_details"]["reasoning_tokens"] >= 3 + 5, usage  # the message's tokens too
+
+
 def test_the_stream_carries_reasoning_deltas_before_the_answer(r1: str) -> None:
     client = openai.OpenAI(base_url=r1 + "/v1", api_key="unused")
     stream = client.chat.completions.create(

@@ -257,11 +257,12 @@ def test_template_switches_reach_lmdeploy_and_the_thinking_budget_does_not() -> 
             ],
             "chat_template_kwargs": {"enable_thinking": True},
             "thinking_budget_tokens": 512,
+            "thinking_budget_message": "Time to answer.",
         }
     )
     out = LMDeployAdapter().translate_request(request)
     assert out["chat_template_kwargs"] == {"enable_thinking": True}
-    assert "thinking_budget_tokens" not in out
+    assert "thinking_budget_tokens" not in out and "thinking_budget_message" not in out
     assert out["messages"][1] == {"role": "assistant", "content": "hello", "reasoning_content": "greet"}
 
 

@@ -81,6 +81,17 @@ def test_reasoning_effort_reaches_the_engine() -> None:
     assert body["thinking_budget_tokens"] == 77
 
 
+def test_a_models_budget_message_goes_with_a_budget_it_can_cut() -> None:
+    """`reasoning.budget_message` reaches the worker only where it may cut the thinking: a budget over 0."""
+    default = ReasoningDefault(effort="low", budget_tokens=64, budget_message="Time to answer.")
+    assert wire(chat(), default)["thinking_budget_message"] == "Time to answer."
+    assert wire(chat(thinking_budget_tokens=9), default)["thinking_budget_message"] == "Time to answer."
+    for unbounded in (chat(reasoning_effort="high"), chat(reasoning_effort="none"), chat(thinking_budget_tokens=0)):
+        assert "thinking_budget_message" not in wire(unbounded, default)
+    with pytest.raises(ValueError, match="budget_message"):
+        ReasoningDefault(budget_message="x" * 1001)
+
+
 def test_a_request_naming_nothing_sends_nothing_new_to_the_engine() -> None:
     body = wire(chat())
     assert "chat_template_kwargs" not in body and "thinking_budget_tokens" not in body

@@ -160,8 +160,7 @@ class PromptBuilder:
             except SchemaGrammarError as exc:
                 raise PromptError(f"response_format.json_schema: {exc}", "response_format") from exc
             grammar, triggers = after_thinking(grammar, (), self.reasoning, start, final_message=True)
-            budget = request.thinking_budget_tokens
-            return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images)
+            return self._prepared(tokens, grammar, start, request, triggers=triggers, images=images)
         parallel = request.parallel_tool_calls is not False
         forced = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
         if forced:  # with a budget of 0 the grammar admits no thinking (harmony: the prompt skipped none)
@@ -173,8 +172,7 @@ class PromptBuilder:
             grammar, triggers = after_thinking(*self._tool_grammar(tools, parallel, False), self.reasoning, start)
         names = tuple(t.function.name for t in tools)
         tools_of = (fmt, names, forced)
-        budget = request.thinking_budget_tokens
-        return self._prepared(tokens, grammar, start, budget, triggers=triggers, images=images, tools=tools_of)
+        return self._prepared(tokens, grammar, start, request, triggers=triggers, images=images, tools=tools_of)
 
     def _tool_grammar(self, tools: Sequence[Tool], parallel: bool, forced: bool) -> tuple[str, tuple[str, ...]]:
         """The tools' call grammar (forced: with no trigger; else lazy, with its triggers), kept by the tools'
@@ -193,7 +191,7 @@ class PromptBuilder:
         tokens: list[int],
         grammar: str | None,
         start: Start,
-        budget: int | None,
+        request: EngineRequest,
         *,
         triggers: tuple[str, ...],
         images: tuple[ImageSpan, ...],
@@ -212,16 +210,18 @@ class PromptBuilder:
             images=images,
             reasoning=self.reasoning,
             reasoning_start=start,
-            thinking_budget=self._budget(budget, start, closing),
+            thinking_budget=self._budget(request, start, closing),
         )
 
-    def _budget(self, limit: int | None, start: Start, closing_text: str | None) -> ThinkingBudget | None:
+    def _budget(self, request: EngineRequest, start: Start, closing_text: str | None) -> ThinkingBudget | None:
         """The engine's thinking budget for a limit N > 0 where the output may think; it closes the thinking
-        with `closing_text` (harmony with tools: a new assistant message, which may be a call), else the
-        family's closing (into the answer)."""
+        with the request's budget message (text the model reads as its own last thought, like llama-server's
+        `--reasoning-budget-message`), then `closing_text` (harmony with tools: a new assistant message, which
+        may be a call), else the family's closing (into the answer)."""
+        limit = request.thinking_budget_tokens
         if not limit or start == "answer":
             return None
-        text = closing_text or self.reasoning.closing
+        text = (request.thinking_budget_message or "") + (closing_text or self.reasoning.closing)
         closing = self._model.tokenize(text, add_special=False, parse_special=True)
         return ThinkingBudget(limit, tuple(closing), self.reasoning, start)
 
