@@ -10,13 +10,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, ".")
-from tests.fixtures.gguf_templates import retemplated_gguf, template_text  # noqa: E402
+from tests.fixtures.gguf_templates import retemplated_gguf, template_text
 
 try:  # the harness moved after d17e868
-    from tests.worker_process import MODEL, start_worker, stop, wait_ready  # noqa: E402
+    from tests.worker_process import MODEL, start_worker, stop, wait_ready
 except ImportError:
-    from tests.integration.test_llamacpp_worker import MODEL, start_worker, stop  # noqa: E402
-    from tests.integration.test_tool_families import _wait_ready as wait_ready  # noqa: E402
+    from tests.integration.test_llamacpp_worker import MODEL, start_worker, stop
+    from tests.integration.test_tool_families import _wait_ready as wait_ready
 
 tmp = Path(tempfile.mkdtemp())
 model = retemplated_gguf(Path(sys.argv[1]), tmp / "r1.gguf", template_text("deepseek_r1_distill"))
