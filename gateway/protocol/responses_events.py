@@ -1,14 +1,15 @@
-"""The Responses API's stream events, typed, with OpenAI's names (`ResponseTextDeltaEvent`, ...). The stream
-translation (`gateway.translate.responses_stream`) builds only these, each numbered by `sequence_number` as it
-is made, and turns each into JSON once (`wire()`). The output items and the Response they carry are the JSON
-objects `gateway.translate.responses` renders (the same for a non-streamed Response).
+"""The Responses API's stream events and output items, typed, with OpenAI's names (`ResponseTextDeltaEvent`,
+`ResponseOutputMessage`, ...). The stream translation (`gateway.translate.responses_stream`) builds only these
+events, each numbered by `sequence_number` as it is made, and turns each into JSON once (`wire()`); the output
+items are the same for a streamed and a non-streamed Response (`gateway.translate.responses`). The Response
+object around them is still the JSON object `gateway.translate.responses.response_object` renders.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 Json = dict[str, Any]
 
@@ -38,6 +39,69 @@ class SummaryTextPart(BaseModel):
     text: str = ""
 
 
+class OutputRefusal(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["refusal"] = "refusal"
+    refusal: str
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+
+    def wire(self) -> Json:
+        return self.model_dump(mode="json")
+
+
+class OutputMessage(_Item):
+    """An assistant message item: its text part (and a refusal part where the model refused)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: ItemStatus
+    content: list[OutputTextPart | OutputRefusal]
+
+    def text(self) -> str:
+        """Its text parts' text."""
+        return "".join(part.text for part in self.content if isinstance(part, OutputTextPart))
+
+
+class OutputFunctionCall(_Item):
+    """A function_call item; a namespace's function names `namespace` apart (absent otherwise, as OpenAI's)."""
+
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    namespace: str | None = None
+    arguments: str
+    status: ItemStatus
+
+    @model_serializer(mode="wrap")
+    def _without_no_namespace(self, handler: SerializerFunctionWrapHandler) -> Json:
+        out: Json = handler(self)
+        if out.get("namespace") is None:
+            out.pop("namespace", None)
+        return out
+
+
+class OutputReasoning(_Item):
+    """A reasoning item whose summary is the model's thinking; nothing here encrypts (`encrypted_content` null)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[SummaryTextPart]
+    encrypted_content: None = None
+    status: ItemStatus
+
+
+OutputItem = Annotated[OutputMessage | OutputFunctionCall | OutputReasoning, Field(discriminator="type")]
+"""An item of a Response's `output`."""
+
+
 class ResponseEvent(_Event):
     """response.created, .in_progress, .completed, .incomplete, .failed: the Response as it stands."""
 
@@ -50,7 +114,7 @@ class ResponseEvent(_Event):
 class OutputItemEvent(_Event):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int
-    item: Json
+    item: OutputItem
 
 
 class _InItem(_Event):

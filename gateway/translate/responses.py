@@ -11,6 +11,7 @@ in both directions; each function_call item also has its own `fc_…` item id.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -57,6 +58,16 @@ from gateway.protocol.responses_api import (
     TextFormatJsonObject,
     TextFormatJsonSchema,
     content_text,
+)
+from gateway.protocol.responses_events import (
+    ItemStatus,
+    OutputFunctionCall,
+    OutputItem,
+    OutputMessage,
+    OutputReasoning,
+    OutputRefusal,
+    OutputTextPart,
+    SummaryTextPart,
 )
 from gateway.protocol.tagged import Refused
 from gateway.translate.ids import new_id
@@ -281,7 +292,7 @@ def response_object(
     response_id: str,
     created_at: int,
     status: str,
-    output: list[dict[str, Any]],
+    output: Sequence[OutputItem],
     model: str | None = None,
     usage: dict[str, Any] | None = None,
     incomplete_reason: str | None = None,
@@ -302,7 +313,7 @@ def response_object(
         "max_output_tokens": req.max_output_tokens,
         "metadata": dict(req.metadata or {}),
         "model": model or req.model,
-        "output": output,
+        "output": [item.wire() for item in output],
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
         "reasoning": _echo_reasoning(req),
@@ -326,39 +337,37 @@ def incomplete_reason(finish_reason: str | None) -> str | None:
     return {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish_reason or "")
 
 
-def message_item(item_id: str, text: str, *, status: str, refusal: str | None = None) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
+def message_item(item_id: str, text: str, *, status: ItemStatus, refusal: str | None = None) -> OutputMessage:
+    content: list[OutputTextPart | OutputRefusal] = []
     if text or refusal is None:
-        content.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+        content.append(OutputTextPart(text=text))
     if refusal is not None:
-        content.append({"type": "refusal", "refusal": refusal})
-    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+        content.append(OutputRefusal(refusal=refusal))
+    return OutputMessage(id=item_id, status=status, content=content)
 
 
 def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, *, status: str, req: ResponsesRequest | None = None
-) -> dict[str, Any]:
+    item_id: str, call_id: str, name: str, arguments: str, *, status: ItemStatus, req: ResponsesRequest | None = None
+) -> OutputFunctionCall:
     """A function_call item; a call to a namespace's function (`req` says which) names `namespace` and `name`
     apart, as OpenAI's output items do."""
     namespace, local = None, name
     known = req.callable_functions().get(name) if req is not None else None
     if known is not None and known[0] is not None:
         namespace, local = known[0], known[1].name
-    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": local}
-    if namespace is not None:
-        item["namespace"] = namespace
-    return {**item, "arguments": arguments, "status": status}
+    return OutputFunctionCall(
+        id=item_id, call_id=call_id, name=local, namespace=namespace, arguments=arguments, status=status
+    )
 
 
-def reasoning_item(item_id: str, text: str, *, status: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, *, status: ItemStatus) -> OutputReasoning:
     """A reasoning item whose summary is the model's thinking, as Codex shows a reasoning summary (no engine here
     summarises, and none encrypts: `encrypted_content` is null)."""
-    summary = [{"type": "summary_text", "text": text}] if text else []
-    return {"id": item_id, "type": "reasoning", "summary": summary, "encrypted_content": None, "status": status}
+    return OutputReasoning(id=item_id, summary=[SummaryTextPart(text=text)] if text else [], status=status)
 
 
-def _output(message: ChatCompletionMessage, status: str, req: ResponsesRequest) -> list[dict[str, Any]]:
-    output: list[dict[str, Any]] = []
+def _output(message: ChatCompletionMessage, status: ItemStatus, req: ResponsesRequest) -> list[OutputItem]:
+    output: list[OutputItem] = []
     if message.reasoning_content:
         output.append(reasoning_item(new_id("rs"), message.reasoning_content, status=status))
     text, refusal, calls = message.content, message.refusal, message.tool_calls or []
@@ -383,7 +392,7 @@ def to_response(
     one function_call item per tool call; "length" makes it `incomplete` (reason `max_output_tokens`)."""
     choice = chat.choice
     reason = incomplete_reason(choice.finish_reason)
-    status = "incomplete" if reason else "completed"
+    status: ItemStatus = "incomplete" if reason else "completed"
     return response_object(
         req,
         response_id=response_id,

@@ -31,8 +31,13 @@ from gateway.protocol.responses_events import (
     ArgumentsDone,
     ContentPartEvent,
     ErrorEvent,
+    ItemStatus,
     KeepaliveEvent,
+    OutputFunctionCall,
+    OutputItem,
     OutputItemEvent,
+    OutputMessage,
+    OutputReasoning,
     OutputTextDelta,
     OutputTextDone,
     OutputTextPart,
@@ -61,12 +66,20 @@ class _Text:
     item_id: str
     text: list[str] = field(default_factory=list)
 
+    def item(self, status: ItemStatus, req: ResponsesRequest) -> OutputMessage:
+        del req
+        return message_item(self.item_id, "".join(self.text), status=status)
+
 
 @dataclass
 class _Reasoning:
     output_index: int
     item_id: str
     text: list[str] = field(default_factory=list)
+
+    def item(self, status: ItemStatus, req: ResponsesRequest) -> OutputReasoning:
+        del req
+        return reasoning_item(self.item_id, "".join(self.text), status=status)
 
 
 @dataclass
@@ -76,6 +89,10 @@ class _Call:
     call_id: str
     name: str
     arguments: list[str] = field(default_factory=list)
+
+    def item(self, status: ItemStatus, req: ResponsesRequest) -> OutputFunctionCall:
+        arguments = "".join(self.arguments)
+        return function_call_item(self.item_id, self.call_id, self.name, arguments, status=status, req=req)
 
 
 class ResponsesStream:
@@ -97,7 +114,7 @@ class ResponsesStream:
         self._sequence = 0
         self._started = False
         self._final: dict[str, Any] | None = None
-        self._output: list[dict[str, Any]] = []
+        self._output: list[OutputItem] = []
         self._current: _Text | _Reasoning | _Call | None = None
         self._calls: dict[int, _Call] = {}
         self._finish_reason: str | None = None
@@ -141,8 +158,8 @@ class ResponsesStream:
             return []
         events = self.start()
         reason = incomplete_reason(self._finish_reason)
-        status = "incomplete" if reason else "completed"
-        if all(item["type"] == "reasoning" for item in self._output):  # an empty answer is still one (empty)
+        status: ItemStatus = "incomplete" if reason else "completed"
+        if all(item.type == "reasoning" for item in self._output):  # an empty answer is still one (empty)
             events += self._close_current(status)  # message, as non-streamed; after the thinking, if any
             events += self._open_text()
         events += self._close_current(status)
@@ -172,7 +189,7 @@ class ResponsesStream:
         events = self.start()
         current = self._current
         if current is not None:
-            self._output[current.output_index] = self._item(current, "incomplete")
+            self._output[current.output_index] = current.item("incomplete", self._req)
             self._current = None
         error = response_error(message, code)
         events.append(self._event(ErrorEvent, code=error["code"], message=message, param=None))
@@ -210,7 +227,7 @@ class ResponsesStream:
         self._sequence += 1
         return event.wire()
 
-    def _item_event(self, kind: str, output_index: int, item: dict[str, Any]) -> dict[str, Any]:
+    def _item_event(self, kind: str, output_index: int, item: OutputItem) -> dict[str, Any]:
         """response.output_item.added or .done (`kind`)."""
         return self._event(OutputItemEvent, type=f"response.output_item.{kind}", output_index=output_index, item=item)
 
@@ -251,7 +268,7 @@ class ResponsesStream:
             events += self._close_current("completed")
             current = _Reasoning(output_index=len(self._output), item_id=new_id("rs"))
             self._current = current
-            item = self._item(current)
+            item = current.item("in_progress", self._req)
             self._output.append(item)
             events += [
                 self._item_event("added", current.output_index, item),
@@ -269,7 +286,7 @@ class ResponsesStream:
     def _open_text(self) -> list[dict[str, Any]]:
         current = _Text(output_index=len(self._output), item_id=new_id("msg"))
         self._current = current
-        item = {**message_item(current.item_id, "", status="in_progress"), "content": []}
+        item = message_item(current.item_id, "", status="in_progress").model_copy(update={"content": []})
         self._output.append(item)
         where = {"item_id": current.item_id, "output_index": current.output_index}
         return [
@@ -288,7 +305,7 @@ class ResponsesStream:
         if call is None or (delta.id and delta.id != call.call_id):
             events += self._close_current("completed")
             call = self._open_call(index, delta.id or new_id("call"), name or "")
-            events.append(self._item_event("added", call.output_index, self._item(call)))
+            events.append(self._item_event("added", call.output_index, call.item("in_progress", self._req)))
         elif call is not self._current:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
@@ -312,39 +329,34 @@ class ResponsesStream:
         call = _Call(output_index=len(self._output), item_id=new_id("fc"), call_id=call_id, name=name)
         self._calls[index] = call
         self._current = call
-        self._output.append(self._item(call))
+        self._output.append(call.item("in_progress", self._req))
         return call
 
-    def _item(self, state: _Text | _Reasoning | _Call, status: str = "in_progress") -> dict[str, Any]:
-        if isinstance(state, _Text):
-            return message_item(state.item_id, "".join(state.text), status=status)
-        if isinstance(state, _Reasoning):
-            return reasoning_item(state.item_id, "".join(state.text), status=status)
-        arguments = "".join(state.arguments)
-        return function_call_item(state.item_id, state.call_id, state.name, arguments, status=status, req=self._req)
-
-    def _close_current(self, status: str) -> list[dict[str, Any]]:
+    def _close_current(self, status: ItemStatus) -> list[dict[str, Any]]:
         current, self._current = self._current, None
         if current is None:
             return []
-        item = self._item(current, status)
-        self._output[current.output_index] = item
+        item = self._output[current.output_index] = current.item(status, self._req)
         where = {"item_id": current.item_id, "output_index": current.output_index}
-        if isinstance(current, _Reasoning):
-            part = {"type": "summary_text", "text": "".join(current.text)}
+        if isinstance(item, OutputReasoning):
+            summary = item.summary[0] if item.summary else SummaryTextPart()
             events = [
-                self._event(SummaryTextDone, **self._summary(current), text=part["text"]),
+                self._event(SummaryTextDone, **where, summary_index=0, text=summary.text),
                 self._event(
-                    SummaryPartEvent, type="response.reasoning_summary_part.done", **self._summary(current), part=part
+                    SummaryPartEvent,
+                    type="response.reasoning_summary_part.done",
+                    **where,
+                    summary_index=0,
+                    part=summary,
                 ),
             ]
-        elif isinstance(current, _Text):
-            part = item["content"][0]
+        elif isinstance(item, OutputMessage):
+            part = OutputTextPart(text=item.text())
             events = [
-                self._event(OutputTextDone, **where, content_index=0, text=part["text"], logprobs=[]),
+                self._event(OutputTextDone, **where, content_index=0, text=part.text, logprobs=[]),
                 self._event(ContentPartEvent, type="response.content_part.done", **where, content_index=0, part=part),
             ]
         else:
-            events = [self._event(ArgumentsDone, **where, name=item["name"], arguments=item["arguments"])]
+            events = [self._event(ArgumentsDone, **where, name=item.name, arguments=item.arguments)]
         events.append(self._item_event("done", current.output_index, item))
         return events
