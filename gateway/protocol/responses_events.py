@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from gateway.protocol.responses_api import ItemStatus
+
 Json = dict[str, Any]
 
 
@@ -44,9 +46,6 @@ class OutputRefusal(BaseModel):
 
     type: Literal["refusal"] = "refusal"
     refusal: str
-
-
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
 class _Item(BaseModel):

@@ -50,6 +50,7 @@ from gateway.protocol.responses_api import (
     InputImage,
     InputItem,
     InputText,
+    ItemStatus,
     MessageItem,
     OutputText,
     ReasoningItem,
@@ -60,7 +61,6 @@ from gateway.protocol.responses_api import (
     content_text,
 )
 from gateway.protocol.responses_events import (
-    ItemStatus,
     OutputFunctionCall,
     OutputItem,
     OutputMessage,

@@ -25,13 +25,12 @@ from typing import Any
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.protocol.responses import ChatCompletionChunk, CompletionUsage, ToolCallDelta
-from gateway.protocol.responses_api import ResponsesRequest
+from gateway.protocol.responses_api import ItemStatus, ResponsesRequest
 from gateway.protocol.responses_events import (
     ArgumentsDelta,
     ArgumentsDone,
     ContentPartEvent,
     ErrorEvent,
-    ItemStatus,
     KeepaliveEvent,
     OutputFunctionCall,
     OutputItem,
